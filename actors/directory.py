@@ -1,0 +1,217 @@
+"""The directory actor: owns workspaces, members and credentials (SPEC §2.1–§2.4).
+
+It answers the admin commands (`mem.admin.*`, member or operator token) and resolves agent
+credentials to principals for governance (`mem.int.dir.principal`), re-reading role, scopes and
+settings at every use so that demotion and revocation bite at once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from actors.runtime import Serial, ready_route
+from bus import NatsRouter, parse, replying, subjects
+from contracts import (
+    AddMember, Contract, CreateCredential, CreateWorkspace, CredentialCreated, Done, Envelope,
+    MemberToken, MemberView, PatchMember, Principal, Role, Scope, SettingsUpdate,
+    WorkspaceCreated, WorkspaceSettings,
+)
+from contracts.errors import (
+    ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
+    ValidationFailedError,
+)
+from contracts.internal import PrincipalRequest
+from storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
+
+AdminHandler = Callable[[Envelope], Awaitable[Contract]]
+
+
+def _settings(ws: WorkspaceRow) -> WorkspaceSettings:
+    return WorkspaceSettings(agent_memories_enabled=ws.agent_memories_enabled,
+                             retention_days=ws.retention_days, non_retaining=ws.non_retaining)
+
+
+def check_grantable(role: Role, scopes: list[Scope]) -> None:
+    """A scope may be granted only to a member whose role reaches its minimum (SPEC §2.1)."""
+    for scope in scopes:
+        if role.rank < scope.minimum_role.rank:
+            raise InsufficientScopeError(
+                f"{scope.value} needs the role {scope.minimum_role.value} or higher",
+                {"scope": scope.value, "role": role.value})
+
+
+class DirectoryActor:
+    name = "directory"
+
+    def __init__(self, *, path: Path, admin_token_hash: str) -> None:
+        self._path = path
+        self._admin_hash = admin_token_hash
+        self._serial = Serial("directory")
+        self._store: DirectoryStore | None = None
+
+    async def start(self) -> None:
+        self._store = await self._serial(DirectoryStore, self._path)
+
+    async def stop(self) -> None:
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    @property
+    def store(self) -> DirectoryStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
+        admin: dict[str, AdminHandler] = {
+            "workspaces.create": self.create_workspace,
+            "members.add": self.add_member,
+            "members.patch": self.patch_member,
+            "credentials.create": self.create_credential,
+            "credentials.revoke": self.revoke_credential,
+            "settings.get": self.get_settings,
+            "settings.put": self.put_settings,
+        }
+        for operation, handler in admin.items():
+            router.subscriber(subjects.admin(operation))(replying(self._enveloped(handler)))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    @staticmethod
+    def _enveloped(handler: AdminHandler) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            return await handler(parse(Envelope, payload))
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    # --- credentials → principals (governance asks, on every command) ---
+
+    async def principal(self, payload: bytes) -> Principal:
+        request = parse(PrincipalRequest, payload)
+        return await self._serial(self._principal, request.token_hash)
+
+    def _principal(self, token_hash: str) -> Principal:
+        credential = self.store.credential_by_token(token_hash)
+        member = credential and self.store.member(credential.workspace_id, credential.member_id)
+        workspace = credential and self.store.workspace(credential.workspace_id)
+        if credential is None or member is None or workspace is None:
+            raise UnauthenticatedError("unknown or revoked credential")
+        return Principal(
+            workspace_id=workspace.workspace_id, member_id=member.member_id,
+            credential_id=credential.credential_id, role=Role(member.role),
+            scopes=frozenset(Scope(s) for s in credential.scopes),
+            context_set_id=credential.context_set_id, settings=_settings(workspace))
+
+    # --- who is calling an admin command ---
+
+    def _operator(self, token: str | None) -> None:
+        if not token or not secrets.compare_digest(hash_token(token), self._admin_hash):
+            raise UnauthenticatedError("the operator token is required")
+
+    def _member(self, envelope: Envelope, *, owner: bool = False) -> MemberRow:
+        if not envelope.token:
+            raise UnauthenticatedError("a member token is required")
+        member = self.store.member_by_token(hash_token(envelope.token))
+        if member is None:
+            raise UnauthenticatedError("unknown member token")
+        if member.workspace_id != envelope.params.get("wsId"):
+            raise NotFoundError("no such workspace")
+        if owner and member.role != Role.OWNER:
+            raise ForbiddenError("only the workspace owner may do this")
+        return member
+
+    # --- admin commands ---
+
+    async def create_workspace(self, envelope: Envelope) -> WorkspaceCreated:
+        self._operator(envelope.token)
+        body = parse(CreateWorkspace, envelope.body)
+
+        def create() -> WorkspaceCreated:
+            workspace_id = self.store.create_workspace(body.name, body.non_retaining)
+            member_id, token = self.store.add_member(workspace_id, "owner", Role.OWNER.value)
+            return WorkspaceCreated(workspace_id=workspace_id,
+                                    owner=MemberToken(member_id=member_id, member_token=token))
+
+        return await self._serial(create)
+
+    async def add_member(self, envelope: Envelope) -> MemberToken:
+        body = parse(AddMember, envelope.body)
+
+        def add() -> MemberToken:
+            owner = self._member(envelope, owner=True)
+            member_id, token = self.store.add_member(owner.workspace_id, body.name, body.role.value)
+            return MemberToken(member_id=member_id, member_token=token)
+
+        return await self._serial(add)
+
+    async def patch_member(self, envelope: Envelope) -> MemberView:
+        body = parse(PatchMember, envelope.body)
+
+        def patch() -> MemberView:
+            owner = self._member(envelope, owner=True)
+            target = self.store.member(owner.workspace_id, envelope.params.get("memberId", ""))
+            if target is None:
+                raise NotFoundError("no such member")
+            if body.role is not None:
+                self.store.set_role(owner.workspace_id, target.member_id, body.role.value)
+            return MemberView(member_id=target.member_id, name=target.name,
+                              role=body.role or Role(target.role))
+
+        return await self._serial(patch)
+
+    async def create_credential(self, envelope: Envelope) -> CredentialCreated:
+        body = parse(CreateCredential, envelope.body)
+        if body.context_set_id is not None:
+            raise NotFoundError("no such context set", {"field": "contextSetId"})
+        if len(set(body.scopes)) != len(body.scopes):
+            raise ValidationFailedError("scopes must not repeat")
+
+        def create() -> CredentialCreated:
+            member = self._member(envelope)
+            check_grantable(Role(member.role), body.scopes)
+            credential_id, token = self.store.create_credential(
+                member, body.name, [s.value for s in body.scopes], body.context_set_id)
+            return CredentialCreated(credential_id=credential_id, token=token, scopes=body.scopes)
+
+        return await self._serial(create)
+
+    async def revoke_credential(self, envelope: Envelope) -> Done:
+        def revoke() -> Done:
+            member = self._member(envelope)
+            credential = self.store.credential(member.workspace_id,
+                                               envelope.params.get("credentialId", ""))
+            if credential is None or (credential.member_id != member.member_id
+                                      and member.role != Role.OWNER):
+                raise NotFoundError("no such credential")
+            self.store.revoke(credential.credential_id)
+            return Done()
+
+        return await self._serial(revoke)
+
+    async def get_settings(self, envelope: Envelope) -> WorkspaceSettings:
+        def get() -> WorkspaceSettings:
+            member = self._member(envelope)
+            workspace = self.store.workspace(member.workspace_id)
+            assert workspace is not None
+            return _settings(workspace)
+
+        return await self._serial(get)
+
+    async def put_settings(self, envelope: Envelope) -> WorkspaceSettings:
+        body = parse(SettingsUpdate, envelope.body)
+
+        def put() -> WorkspaceSettings:
+            owner = self._member(envelope, owner=True)
+            self.store.update_settings(owner.workspace_id,
+                                       agent_memories_enabled=body.agent_memories_enabled,
+                                       retention_days=body.retention_days)
+            workspace = self.store.workspace(owner.workspace_id)
+            assert workspace is not None
+            return _settings(workspace)
+
+        return await self._serial(put)

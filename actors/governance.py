@@ -1,0 +1,137 @@
+"""The governance actor: the front door of every agent command (SPEC §3.1, §3.2, §3.10).
+
+Stateless, so any number run in one queue group. For each command on `mem.cmd.*`: resolve the
+credential (directory), refuse what the workspace or role forbids, validate, mask, and only then
+pass the command to the internal actor that does the work. The unmasked text goes no further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from actors.masking import contains_personal_data, mask
+from actors.runtime import partition_of, ready_route
+from bus import BusClient, NatsRouter, parse, replying, subjects
+from contracts import (
+    Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
+    RecallRequest, RecallResult, RememberRequest, RememberResult, Scope,
+)
+from contracts.errors import (
+    AgentMemoryDisabledError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
+    InsufficientScopeError, NonRetainingWorkspaceError, UnauthenticatedError,
+    ValidationFailedError,
+)
+from contracts.internal import (
+    Owner, PrincipalRequest, RecallQuery, StoreForget, StoreQuery, StoreRemember,
+)
+from storage.directory import hash_token
+
+QUEUE = "governance"
+
+
+def authorise(principal: Principal, scope: Scope) -> None:
+    """The workspace and role rules of SPEC §2.1–§2.2, in the order a caller can fix them."""
+    if principal.settings.non_retaining:
+        raise NonRetainingWorkspaceError("this workspace keeps no history")
+    if not principal.settings.agent_memories_enabled:
+        raise AgentMemoryDisabledError("the workspace owner has not enabled agent memories")
+    if scope not in principal.scopes:
+        raise InsufficientScopeError(f"the credential lacks {scope.value}", {"scope": scope.value})
+    if principal.role.rank < scope.minimum_role.rank:
+        raise InsufficientScopeError(
+            f"{scope.value} needs the role {scope.minimum_role.value}; the member's role is lower",
+            {"scope": scope.value})
+
+
+def refuse_personal_data(**fields: str | None) -> None:
+    for name, value in fields.items():
+        if value is not None and contains_personal_data(value):
+            raise AgentMemoryPersonalDataError(f"{name} must not contain personal data",
+                                               {"field": name})
+
+
+class GovernanceActor:
+    name = "governance"
+
+    def __init__(self, *, bus: BusClient, partitions: int) -> None:
+        self._bus = bus
+        self._partitions = partitions
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        handlers: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
+            subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
+            subjects.LIST: self.list, subjects.FORGET: self.forget,
+        }
+        for subject, handler in handlers.items():
+            router.subscriber(subject, queue=QUEUE)(replying(handler))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def _principal(self, envelope: Envelope, scope: Scope) -> Principal:
+        if not envelope.token:
+            raise UnauthenticatedError("a credential is required")
+        principal = await self._bus.request(
+            subjects.DIRECTORY_PRINCIPAL, PrincipalRequest(token_hash=hash_token(envelope.token)),
+            Principal)
+        authorise(principal, scope)
+        return principal
+
+    def _store(self, principal: Principal, operation: str) -> str:
+        return subjects.store(partition_of(principal.workspace_id, self._partitions), operation)
+
+    @staticmethod
+    def _owner(principal: Principal) -> Owner:
+        return Owner(tenant=principal.workspace_id, subject_id=principal.member_id)
+
+    async def remember(self, payload: bytes) -> RememberResult:
+        envelope = parse(Envelope, payload)
+        principal = await self._principal(envelope, Scope.WRITE)
+        request = parse(RememberRequest, envelope.body)
+        refuse_personal_data(namespace=request.namespace, key=request.key,
+                             collectionId=request.collection_id)
+        if request.citations:
+            raise ValidationFailedError("citations need registered passages; none are known",
+                                        {"field": "citations"})
+        masked = mask(request.text)
+        if masked.only_placeholders:
+            raise AgentMemoryEmptyError("nothing is left of the text after masking",
+                                        {"masked": masked.counts})
+        command = StoreRemember(
+            owner=self._owner(principal), credential_id=principal.credential_id,
+            namespace=request.namespace, key=request.key, collection_id=request.collection_id,
+            text=masked.text, masked=masked.counts,
+            retention_days=principal.settings.retention_days)
+        return await self._bus.request(self._store(principal, "remember"), command, RememberResult)
+
+    async def list(self, payload: bytes) -> ListResult:
+        envelope = parse(Envelope, payload)
+        principal = await self._principal(envelope, Scope.READ)
+        request = parse(ListRequest, envelope.body)
+        query = StoreQuery(owner=self._owner(principal), namespace=request.namespace,
+                           key=request.key, collection_id=request.collection_id,
+                           as_of=request.as_of, limit=request.limit, cursor=request.cursor)
+        return await self._bus.request(self._store(principal, "list"), query, ListResult)
+
+    async def forget(self, payload: bytes) -> ForgetResult:
+        envelope = parse(Envelope, payload)
+        principal = await self._principal(envelope, Scope.WRITE)
+        request = parse(ForgetRequest, envelope.body)
+        command = StoreForget(owner=self._owner(principal), memory_id=request.memory_id,
+                              namespace=request.namespace, key=request.key)
+        return await self._bus.request(self._store(principal, "forget"), command, ForgetResult)
+
+    async def recall(self, payload: bytes) -> RecallResult:
+        envelope = parse(Envelope, payload)
+        principal = await self._principal(envelope, Scope.READ)
+        request = parse(RecallRequest, envelope.body)
+        query = RecallQuery(owner=self._owner(principal), query=mask(request.query).text,
+                            namespace=request.namespace, collection_id=request.collection_id,
+                            as_of=request.as_of, limit=request.limit)
+        return await self._bus.request(subjects.recall_internal(), query, RecallResult)

@@ -1,0 +1,127 @@
+"""Deterministic masking of personal data (SPEC §3.2).
+
+Detectors run in a fixed order and the whole pass repeats until nothing changes, so the output
+is a fixpoint: masking masked text changes nothing, and no detector matches what is left.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Check = Callable[[str], bool]
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
+
+
+def luhn_valid(number: str) -> bool:
+    digits = [int(d) for d in _digits(number)]
+    total = 0
+    for i, digit in enumerate(reversed(digits)):
+        if i % 2:
+            digit = digit * 2 - 9 if digit > 4 else digit * 2
+        total += digit
+    return total % 10 == 0
+
+
+def israeli_id_valid(number: str) -> bool:
+    digits = _digits(number)
+    if len(digits) != 9:
+        return False
+    total = 0
+    for i, ch in enumerate(digits):
+        product = int(ch) * (1 + i % 2)
+        total += product - 9 if product > 9 else product
+    return total % 10 == 0
+
+
+def iban_valid(candidate: str) -> bool:
+    compact = re.sub(r"\s", "", candidate).upper()
+    if not 15 <= len(compact) <= 34:
+        return False
+    rotated = compact[4:] + compact[:4]
+    return int("".join(str(int(ch, 36)) for ch in rotated)) % 97 == 1
+
+
+@dataclass(frozen=True)
+class Detector:
+    kind: str
+    pattern: re.Pattern[str]
+    check: Check | None = None
+
+    @property
+    def placeholder(self) -> str:
+        return f"[{self.kind}]"
+
+
+_SEP = r"[ \-.]"
+DETECTORS: tuple[Detector, ...] = (
+    Detector("EMAIL", re.compile(r"[\w.+%-]+@[\w-]+(?:\.[\w-]+)+", re.UNICODE)),
+    Detector(
+        "BANK_ACCOUNT",
+        re.compile(r"\b[A-Za-z]{2}\d{2}(?:\s?[A-Za-z0-9]){11,30}\b"),
+        iban_valid,
+    ),
+    Detector("CARD", re.compile(r"(?<!\d)\d(?:[ \-]?\d){12,18}(?!\d)"), luhn_valid),
+    Detector(
+        "PHONE",
+        re.compile(
+            r"(?:\+\d{1,3}[ \-.]?(?:\(\d{1,4}\)[ \-.]?)?\d{1,4}(?:[ \-.]?\d{2,4}){1,4}(?!\d))"
+            rf"|(?:(?<!\d)\(?\d{{2,4}}\)?{_SEP}\d{{3,4}}{_SEP}\d{{3,4}}(?!\d))"
+        ),
+    ),
+    Detector("IL_ID", re.compile(r"(?<!\d)\d{9}(?!\d)"), israeli_id_valid),
+    Detector(
+        "BANK_ACCOUNT",
+        re.compile(
+            r"(?i)\b(?:account|acct|a/c)\b(?:\s*(?:no\.?|number|#))?\s*:?\s*(?P<pii>\d[\d \-]{4,}\d)"
+        ),
+    ),
+    Detector("NUMBER", re.compile(r"\d{10,}")),
+)
+
+
+@dataclass(frozen=True)
+class Masked:
+    text: str
+    counts: dict[str, int]
+
+    @property
+    def only_placeholders(self) -> bool:
+        rest = self.text
+        for detector in DETECTORS:
+            rest = rest.replace(detector.placeholder, "")
+        return not rest.strip()
+
+
+def _mask_once(text: str, counts: Counter[str]) -> str:
+    for detector in DETECTORS:
+
+        def replace(match: re.Match[str], detector: Detector = detector) -> str:
+            whole = match.group(0)
+            if detector.check is not None and not detector.check(whole):
+                return whole
+            counts[detector.kind] += 1
+            start = match.start("pii") - match.start() if "pii" in match.re.groupindex else 0
+            return whole[:start] + detector.placeholder
+
+        text = detector.pattern.sub(replace, text)
+    return text
+
+
+def mask(text: str) -> Masked:
+    """Replace every piece of personal data with a typed placeholder, deterministically."""
+    counts: Counter[str] = Counter()
+    while True:
+        masked = _mask_once(text, counts)
+        if masked == text:
+            return Masked(text=masked, counts=dict(sorted(counts.items())))
+        text = masked
+
+
+def contains_personal_data(text: str) -> bool:
+    return bool(mask(text).counts)

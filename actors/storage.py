@@ -1,0 +1,160 @@
+"""The storage actor: the single writer of one partition's DuckDB file.
+
+A remember is answered only after its transaction has committed. Events (ids only, never text)
+are written to an outbox table in the same transaction and relayed to JetStream afterwards, so a
+crash between commit and publish loses nothing: the relay resends on start, and the message id
+makes resending harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from actors.runtime import Serial, ready_route
+from bus import NatsRouter, parse, replying, subjects
+from bus.streams import EventPublisher
+from contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
+from contracts.errors import NotFoundError, ValidationFailedError
+from contracts.internal import (
+    Candidate, Candidates, OwnedText, Owner, StoreForget, StoreQuery, StoreRemember, Texts,
+    TextsRequest,
+)
+from storage import Filters, MemoryStore, Row, decode_cursor, encode_cursor
+
+log = logging.getLogger("memgate.storage")
+
+
+def memory_of(row: Row) -> Memory:
+    return Memory(memory_id=row.memory_id, namespace=row.namespace, key=row.key, text=row.text,
+                  collection_id=row.collection_id, created_at=row.created_at,
+                  superseded_at=row.superseded_at)
+
+
+class StorageActor:
+    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher) -> None:
+        self.partition = partition
+        self.name = f"storage.{partition}"
+        self._path = path
+        self._publisher = publisher
+        self._serial = Serial(self.name)
+        self._store: MemoryStore | None = None
+        self._outbox = asyncio.Event()
+        self._relay: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> MemoryStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    async def start(self) -> None:
+        self._store = await self._serial(MemoryStore, self._path)
+        await self._publisher.ensure_stream()
+        self._outbox.set()  # resend whatever a previous run committed but did not publish
+        self._relay = asyncio.create_task(self._relay_events(), name=f"{self.name}.relay")
+
+    async def stop(self) -> None:
+        if self._relay is not None:
+            self._relay.cancel()
+            await asyncio.gather(self._relay, return_exceptions=True)
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        for operation, handler in {
+            "remember": self.remember, "list": self.list, "forget": self.forget,
+            "candidates": self.candidates, "texts": self.texts,
+        }.items():
+            router.subscriber(subjects.store(self.partition, operation))(replying(handler))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def _relay_events(self) -> None:
+        while True:
+            await self._outbox.wait()
+            self._outbox.clear()
+            try:
+                while pending := await self._serial(self.store.pending_events):
+                    for seq, subject, payload in pending:
+                        await self._publisher.publish(subject, payload, f"{self.partition}-{seq}")
+                    await self._serial(self.store.events_sent, pending[-1][0])
+            except Exception as exc:  # JetStream unavailable: keep the outbox, retry shortly
+                log.warning("event relay paused: %s", type(exc).__name__)
+                await asyncio.sleep(1.0)
+                self._outbox.set()
+
+    async def remember(self, payload: bytes) -> RememberResult:
+        command = parse(StoreRemember, payload)
+        owner = command.owner
+        filters = Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
+                          command.collection_id)
+        memory_id = str(uuid.uuid4())
+
+        def event(seq: int) -> bytes:
+            return MemoryStored(partition=self.partition, owner=owner, memory_id=memory_id,
+                                seq=seq).to_json()
+
+        stored = await self._serial(
+            lambda: self.store.remember(
+                filters, memory_id=memory_id, credential_id=command.credential_id,
+                text=command.text, retention_days=command.retention_days,
+                event_subject=subjects.memory_events(self.partition), event=event))
+        self._outbox.set()
+        return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
+                              superseded=stored.superseded, masked=command.masked)
+
+    @staticmethod
+    def _filters(query: StoreQuery) -> Filters:
+        return Filters(query.owner.tenant, query.owner.subject_id, query.namespace, query.key,
+                       query.collection_id)
+
+    async def list(self, payload: bytes) -> ListResult:
+        query = parse(StoreQuery, payload)
+        before: int | None = None
+        snapshot = query.as_of or datetime.now(UTC)
+        if query.cursor is not None:
+            try:
+                before, snapshot = decode_cursor(query.cursor)
+            except ValueError:
+                raise ValidationFailedError("the cursor is not valid", {"field": "cursor"}) from None
+        rows = await self._serial(lambda: self.store.list(
+            self._filters(query), as_of=snapshot, limit=query.limit + 1, before_seq=before))
+        page = rows[: query.limit]
+        cursor = encode_cursor(page[-1].seq, snapshot) if len(rows) > query.limit else None
+        return ListResult(memories=[memory_of(r) for r in page], next_cursor=cursor)
+
+    async def candidates(self, payload: bytes) -> Candidates:
+        """The newest `limit` versions current at `asOf` for an owner (recall's window)."""
+        query = parse(StoreQuery, payload)
+        rows = await self._serial(lambda: self.store.list(
+            self._filters(query), as_of=query.as_of or datetime.now(UTC), limit=query.limit))
+        return Candidates(memories=[
+            Candidate(**memory_of(r).model_dump(), seq=r.seq) for r in rows])
+
+    async def forget(self, payload: bytes) -> ForgetResult:
+        command = parse(StoreForget, payload)
+        owner: Owner = command.owner
+        filters = Filters(owner.tenant, owner.subject_id, command.namespace, command.key)
+
+        def event(ids: list[str]) -> bytes:
+            return MemoriesDeleted(partition=self.partition, owner=owner, memory_ids=ids).to_json()
+
+        deleted = await self._serial(lambda: self.store.forget(
+            filters, command.memory_id, event_subject=subjects.memory_events(self.partition),
+            event=event))
+        if not deleted:
+            raise NotFoundError("no such memory")
+        self._outbox.set()
+        return ForgetResult(deleted=len(deleted))
+
+    async def texts(self, payload: bytes) -> Texts:
+        """Masked texts for the indexer and embedder, which keep none of their own copies."""
+        request = parse(TextsRequest, payload)
+        rows = await self._serial(lambda: self.store.texts(
+            request.owner.tenant, request.owner.subject_id, request.memory_ids))
+        return Texts(items=[OwnedText(memory_id=i, seq=s, text=t) for i, s, t in rows])

@@ -1,0 +1,51 @@
+"""Every subject and stream name, in one place.
+
+Public subjects (`mem.cmd.*`, `mem.admin.*`) are the front door: commands carry a credential
+and governance runs on them. Everything under `mem.int.*` and `mem.evt.*` is internal.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+CMD_PREFIX: Final = "mem.cmd"
+REMEMBER: Final = "mem.cmd.remember"
+RECALL: Final = "mem.cmd.recall"
+LIST: Final = "mem.cmd.list"
+FORGET: Final = "mem.cmd.forget"
+
+ADMIN_PREFIX: Final = "mem.admin"
+
+DIRECTORY_PRINCIPAL: Final = "mem.int.dir.principal"
+
+EVENTS_STREAM: Final = "MEM_EVT"
+EVENTS_SUBJECTS: Final = "mem.evt.>"
+
+
+def admin(operation: str) -> str:
+    return f"{ADMIN_PREFIX}.{operation}"
+
+
+def store(partition: str, operation: str) -> str:
+    """An operation of the storage actor that owns `partition`."""
+    return f"mem.int.store.{partition}.{operation}"
+
+
+def index(partition: str, operation: str) -> str:
+    return f"mem.int.index.{partition}.{operation}"
+
+
+def embed(partition: str, operation: str) -> str:
+    return f"mem.int.embed.{partition}.{operation}"
+
+
+def recall_internal() -> str:
+    return "mem.int.recall"
+
+
+def memory_events(partition: str) -> str:
+    return f"mem.evt.{partition}.memory"
+
+
+def ready(actor: str) -> str:
+    return f"mem.int.ready.{actor}"

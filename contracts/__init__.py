@@ -1,0 +1,25 @@
+"""Versioned pydantic contracts: pure data, no I/O."""
+
+from contracts.base import Contract, as_utc, utcnow
+from contracts.directory import (
+    AddMember, CreateCredential, CreateWorkspace, CredentialCreated, Done, MemberToken,
+    MemberView, PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated,
+    WorkspaceSettings,
+)
+from contracts.errors import ERROR_TYPES, HTTP_STATUS, ErrorCode, MemgateError, error_for
+from contracts.events import MemoriesDeleted, MemoryStored
+from contracts.memory import (
+    ForgetRequest, ForgetResult, ListRequest, ListResult, Memory, Ranks, RecallRequest,
+    RecalledMemory, RecallResult, RememberRequest, RememberResult,
+)
+from contracts.reply import REPLY, Envelope, ErrorBody, Failure, Ok
+
+__all__ = [
+    "ERROR_TYPES", "HTTP_STATUS", "REPLY", "AddMember", "Contract", "CreateCredential",
+    "CreateWorkspace", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
+    "Failure", "ForgetRequest", "ForgetResult", "ListRequest", "ListResult", "MemberToken",
+    "MemberView", "MemgateError", "MemoriesDeleted", "Memory", "MemoryStored", "Ok",
+    "PatchMember", "Principal", "Ranks", "RecallRequest", "RecallResult", "RecalledMemory",
+    "RememberRequest", "RememberResult", "Role", "Scope", "SettingsUpdate", "WorkspaceCreated",
+    "WorkspaceSettings", "as_utc", "error_for", "utcnow",
+]

@@ -1,0 +1,97 @@
+"""Messages between actors on internal subjects (`mem.int.*`). Agents never send these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from contracts.base import Contract
+from contracts.memory import Memory
+
+
+class Owner(Contract):
+    """Whose memories: the tenant (workspace) and the subject (the member who owns them)."""
+
+    tenant: str
+    subject_id: str
+
+
+class StoreRemember(Contract):
+    owner: Owner
+    credential_id: str
+    namespace: str
+    key: str | None = None
+    collection_id: str | None = None
+    text: str  # already masked
+    masked: dict[str, int] = Field(default_factory=dict)
+    retention_days: int
+
+
+class StoreQuery(Contract):
+    owner: Owner
+    namespace: str | None = None
+    key: str | None = None
+    collection_id: str | None = None
+    as_of: datetime | None = None
+    limit: int
+    cursor: str | None = None
+
+
+class StoreForget(Contract):
+    owner: Owner
+    memory_id: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+
+
+class Candidate(Memory):
+    seq: int
+
+
+class Candidates(Contract):
+    memories: list[Candidate]
+
+
+class TextsRequest(Contract):
+    owner: Owner
+    memory_ids: list[str] | None = None  # None: every version the owner has
+
+
+class OwnedText(Contract):
+    memory_id: str
+    seq: int
+    text: str
+
+
+class Texts(Contract):
+    items: list[OwnedText]
+
+
+class RankRequest(Contract):
+    """Rank these candidates for `query` (the BM25 and cosine channels)."""
+
+    owner: Owner
+    query: str
+    memory_ids: list[str]
+
+
+class Ranking(Contract):
+    memory_ids: list[str]  # best first; candidates that did not match are absent
+
+
+class PrincipalRequest(Contract):
+    token_hash: str
+
+
+class Ready(Contract):
+    actor: str
+
+
+class RecallQuery(Contract):
+    owner: Owner
+    query: str
+    namespace: str | None = None
+    collection_id: str | None = None
+    as_of: datetime | None = None
+    limit: int

@@ -1,0 +1,211 @@
+"""The memory store of one partition: a DuckDB file owned by exactly one storage actor."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memories (
+    memory_id      VARCHAR   NOT NULL,
+    seq            BIGINT    NOT NULL,
+    tenant         VARCHAR   NOT NULL,  -- workspace id (SPEC §5.1)
+    subject_id     VARCHAR   NOT NULL,  -- the member the memory belongs to
+    credential_id  VARCHAR   NOT NULL,
+    namespace      VARCHAR   NOT NULL,
+    key            VARCHAR,
+    collection_id  VARCHAR,
+    text           VARCHAR   NOT NULL,  -- masked text only
+    classification VARCHAR   NOT NULL,
+    derived_from   VARCHAR[] NOT NULL,
+    created_at     TIMESTAMP NOT NULL,  -- UTC
+    superseded_at  TIMESTAMP,
+    expires_at     TIMESTAMP NOT NULL,
+    legal_hold     BOOLEAN   NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq     BIGINT  NOT NULL,
+    subject VARCHAR NOT NULL,
+    payload BLOB    NOT NULL
+);
+"""
+
+_COLUMNS = "memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at"
+
+
+@dataclass(frozen=True)
+class Row:
+    memory_id: str
+    seq: int
+    namespace: str
+    key: str | None
+    collection_id: str | None
+    text: str
+    created_at: datetime
+    superseded_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Stored:
+    memory_id: str
+    seq: int
+    created_at: datetime
+    superseded: int
+
+
+@dataclass(frozen=True)
+class Filters:
+    tenant: str
+    subject_id: str
+    namespace: str | None = None
+    key: str | None = None
+    collection_id: str | None = None
+
+
+def _naive(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(tzinfo=None)
+
+
+def _aware(instant: datetime | None) -> datetime | None:
+    return None if instant is None else instant.replace(tzinfo=UTC)
+
+
+def encode_cursor(seq: int, snapshot: datetime) -> str:
+    raw = json.dumps({"s": seq, "t": _naive(snapshot).isoformat()}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, datetime]:
+    """Raises ValueError on anything that is not a cursor this store issued."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return int(data["s"]), datetime.fromisoformat(data["t"]).replace(tzinfo=UTC)
+    except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError("not a cursor") from exc
+
+
+class MemoryStore:
+    """Synchronous DuckDB access; the storage actor serialises calls onto one thread."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = duckdb.connect(str(path))
+        self._db.execute(_SCHEMA)
+        self._seq = self._db.execute("SELECT coalesce(max(seq), 0) FROM memories").fetchone()[0]
+        self._seq = max(self._seq, self._db.execute(
+            "SELECT coalesce(max(seq), 0) FROM outbox").fetchone()[0])
+        last = self._db.execute("SELECT max(created_at) FROM memories").fetchone()[0]
+        self._last_created = last or datetime.min
+
+    def close(self) -> None:
+        self._db.execute("CHECKPOINT")
+        self._db.close()
+
+    def _next(self) -> tuple[int, datetime]:
+        now = max(datetime.now(UTC).replace(tzinfo=None), self._last_created + timedelta(microseconds=1))
+        self._last_created = now
+        self._seq += 1
+        return self._seq, now
+
+    def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
+                 retention_days: int, event_subject: str, event: Callable[[int], bytes]) -> Stored:
+        """Insert a version, supersede the live one of the same key, queue the event: one commit."""
+        seq, now = self._next()
+        db = self._db
+        db.begin()
+        try:
+            superseded = 0
+            if filters.key is not None:
+                superseded = len(db.execute(
+                    "UPDATE memories SET superseded_at = ? WHERE tenant = ? AND subject_id = ? "
+                    "AND namespace = ? AND key = ? AND superseded_at IS NULL RETURNING seq",
+                    [now, filters.tenant, filters.subject_id, filters.namespace, filters.key],
+                ).fetchall())
+            db.execute(
+                "INSERT INTO memories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', [], ?, NULL, ?, false)",
+                [memory_id, seq, filters.tenant, filters.subject_id, credential_id, filters.namespace,
+                 filters.key, filters.collection_id, text, now,
+                 now + timedelta(days=retention_days)],
+            )
+            db.execute("INSERT INTO outbox VALUES (?, ?, ?)", [seq, event_subject, event(seq)])
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        return Stored(memory_id=memory_id, seq=seq, created_at=now.replace(tzinfo=UTC),
+                      superseded=superseded)
+
+    def _where(self, filters: Filters, as_of: datetime) -> tuple[str, list[Any]]:
+        clauses = ["tenant = ?", "subject_id = ?", "legal_hold = false", "created_at <= ?",
+                   "(superseded_at IS NULL OR superseded_at > ?)"]
+        instant = _naive(as_of)
+        params: list[Any] = [filters.tenant, filters.subject_id, instant, instant]
+        for column in ("namespace", "key", "collection_id"):
+            value = getattr(filters, column)
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses), params
+
+    def list(self, filters: Filters, *, as_of: datetime, limit: int,
+             before_seq: int | None = None) -> list[Row]:
+        """Versions current at `as_of`, newest first."""
+        where, params = self._where(filters, as_of)
+        if before_seq is not None:
+            where += " AND seq < ?"
+            params.append(before_seq)
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
+            [*params, limit],
+        ).fetchall()
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7])) for r in rows]
+
+    def forget(self, filters: Filters, memory_id: str | None, *, event_subject: str,
+               event: Callable[[list[str]], bytes]) -> list[str]:
+        """Hard-delete one version (by id) or every version of a key, queueing the event."""
+        if memory_id is not None:
+            cond, params = "memory_id = ?", [memory_id]
+        else:
+            cond, params = "namespace = ? AND key = ?", [filters.namespace, filters.key]
+        db = self._db
+        db.begin()
+        try:
+            ids = [r[0] for r in db.execute(
+                f"DELETE FROM memories WHERE tenant = ? AND subject_id = ? AND {cond} "
+                "AND legal_hold = false RETURNING memory_id",
+                [filters.tenant, filters.subject_id, *params],
+            ).fetchall()]
+            if ids:
+                self._seq += 1
+                db.execute("INSERT INTO outbox VALUES (?, ?, ?)", [self._seq, event_subject, event(ids)])
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        return ids
+
+    def texts(self, tenant: str, subject_id: str, memory_ids: list[str] | None) -> list[tuple[str, int, str]]:
+        sql = "SELECT memory_id, seq, text FROM memories WHERE tenant = ? AND subject_id = ?"
+        params: list[Any] = [tenant, subject_id]
+        if memory_ids is not None:
+            sql += " AND list_contains(?, memory_id)"
+            params.append(memory_ids)
+        return [(r[0], r[1], r[2]) for r in self._db.execute(sql + " ORDER BY seq", params).fetchall()]
+
+    def pending_events(self, limit: int = 500) -> list[tuple[int, str, bytes]]:
+        return [(r[0], r[1], bytes(r[2])) for r in self._db.execute(
+            "SELECT seq, subject, payload FROM outbox ORDER BY seq LIMIT ?", [limit]).fetchall()]
+
+    def events_sent(self, up_to_seq: int) -> None:
+        self._db.execute("DELETE FROM outbox WHERE seq <= ?", [up_to_seq])
+
+    def count(self, tenant: str, subject_id: str) -> int:
+        return self._db.execute("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
+                                [tenant, subject_id]).fetchone()[0]
