@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +25,13 @@ app = typer.Typer(help="memgate: governed long-term memory for AI agents.", no_a
 admin = typer.Typer(help="Workspaces, members, credentials and settings (SPEC §2.4).",
                     no_args_is_help=True)
 app.add_typer(admin, name="admin")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus its habit of re-raising Ctrl-C after shutdown: `serve` stops everything."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -44,7 +53,11 @@ async def serve(settings: Settings) -> None:
                                 log_level="warning", timeout_graceful_shutdown=10)
         typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"
                    f"  data {settings.data_dir.resolve()}")
-        await uvicorn.Server(config).serve()
+        server = _Server(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        await server.serve()
         typer.echo("memgate: draining and stopping")
 
 

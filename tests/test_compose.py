@@ -1,0 +1,36 @@
+"""compose.yaml is for users with a container engine; here it must parse and name real commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bus import nats_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def options(command: list[str]) -> list[str]:
+    return [arg for arg in command if arg.startswith("-")]
+
+
+def test_compose_parses_and_its_command_lines_exist() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"nats", "memgate"}
+
+    memgate = services["memgate"]["command"]
+    assert memgate[:2] == ["memgate", "up"]
+    help_text = subprocess.run([sys.executable, "-m", "adapters", "up", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    for option in options(memgate):
+        assert option in help_text, option
+    assert "nats://nats:4222" in memgate
+
+    nats_help = subprocess.run([str(nats_server_binary()), "--help"], capture_output=True,
+                               text=True).stdout
+    for option in options(services["nats"]["command"]):
+        assert f"{option} " in nats_help or f"{option}," in nats_help, option

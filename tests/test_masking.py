@@ -1,0 +1,81 @@
+"""The masker of SPEC §3.2: deterministic, idempotent, and nothing it detects survives."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.masking import DETECTORS, iban_valid, israeli_id_valid, luhn_valid, mask
+
+digits = st.text(alphabet="0123456789", min_size=1, max_size=20)
+pieces = st.one_of(
+    st.text(max_size=30),
+    digits,
+    st.sampled_from([
+        "jane.doe@example.com", "+1 415 555 0100", "4111 1111 1111 1111", "4111-1111-1111-1111",
+        "GB82 WEST 1234 5698 7654 32", "DE89370400440532013000", "123456782", "415-555-0100",
+        "(03) 1234 5678", "12345678901", "account no. 12345678", " ", "-", ".", "+", "@", "[EMAIL]",
+    ]),
+)
+texts = st.lists(pieces, max_size=12).map("".join)
+
+
+def detected(text: str) -> list[str]:
+    found = []
+    for detector in DETECTORS:
+        for match in detector.pattern.finditer(text):
+            if detector.check is None or detector.check(match.group(0)):
+                found.append(detector.kind)
+    return found
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts)
+def test_masking_is_deterministic_and_idempotent(text: str) -> None:
+    once = mask(text)
+    assert mask(text) == once
+    assert mask(once.text).text == once.text
+    assert mask(once.text).counts == {}
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts)
+def test_no_personal_data_survives_masking(text: str) -> None:
+    masked = mask(text).text
+    assert detected(masked) == []
+    assert not re.search(r"\d{10,}", masked)
+
+
+def test_each_kind_is_replaced_by_its_placeholder() -> None:
+    cases = {
+        "write to jane.doe@example.com": "write to [EMAIL]",
+        "call +1 415 555 0100 today": "call [PHONE] today",
+        "call 415-555-0100": "call [PHONE]",
+        "card 4111 1111 1111 1111": "card [CARD]",
+        "iban GB82 WEST 1234 5698 7654 32": "iban [BANK_ACCOUNT]",
+        "account no. 12345678": "account no. [BANK_ACCOUNT]",
+        "id 123456782": "id [IL_ID]",
+        "order 98765432101234": "order [NUMBER]",
+    }
+    for text, expected in cases.items():
+        assert mask(text).text == expected, text
+
+
+def test_ordinary_numbers_are_left_alone() -> None:
+    for text in ("meeting on 2024-01-15 at 10:30", "version 1.2.3", "room 101",
+                 "pi is 3.14159", "123456789 is not a valid id"):
+        assert mask(text).text == text, text
+
+
+def test_checksums() -> None:
+    assert luhn_valid("4111111111111111") and not luhn_valid("4111111111111112")
+    assert israeli_id_valid("123456782") and not israeli_id_valid("123456789")
+    assert iban_valid("GB82 WEST 1234 5698 7654 32") and not iban_valid("GB83 WEST 1234 5698 7654 32")
+
+
+def test_the_counts_say_what_was_masked() -> None:
+    masked = mask("a@b.io and c@d.io, 4111 1111 1111 1111")
+    assert masked.counts == {"CARD": 1, "EMAIL": 2}
+    assert mask("[EMAIL] [CARD]").only_placeholders

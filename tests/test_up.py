@@ -1,0 +1,71 @@
+"""`memgate up` as a user runs it: a real process with its embedded nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from bus import MemgateClient
+from tests.conftest import ADMIN_TOKEN, free_port
+from tests.test_memories import PERSONAL
+
+
+@asynccontextmanager
+async def memgate_up(data_dir: Path, http_port: int, nats_port: int) -> AsyncIterator[httpx.AsyncClient]:
+    env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN, "MEMGATE_NATS_PORT": str(nats_port)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters", "up", "--data-dir", str(data_dir),
+        "--http", f"127.0.0.1:{http_port}", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
+        try:
+            for _ in range(600):
+                try:
+                    if (await http.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.returncode is None, "memgate up exited early"
+                await asyncio.sleep(0.05)
+            yield http
+        finally:
+            process.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    http_port, nats_port = free_port(), free_port()
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with memgate_up(data, http_port, nats_port) as http:
+        created = (await http.post("/api/admin/workspaces", json={"name": "acme"}, headers=auth)).json()
+        ws, owner = created["workspaceId"], created["owner"]["memberToken"]
+        owner_auth = {"Authorization": f"Bearer {owner}"}
+        await http.put(f"/api/w/{ws}/ask-history/settings", json={"agentMemoriesEnabled": True},
+                       headers=owner_auth)
+        token = (await http.post(f"/api/w/{ws}/credentials", headers=owner_auth, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token) as agent:
+            await agent.remember("contacts", PERSONAL, key="jane")
+            await agent.remember("prefs", "deploys on Fridays")
+        openapi = (await http.get("/openapi.json")).json()
+        assert "/api/agent/v1/memories/remember" in openapi["paths"]
+
+    async with memgate_up(data, http_port, nats_port):
+        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token) as agent:
+            texts = [m.text for m in (await agent.list()).memories]
+    assert texts == ["deploys on Fridays", "Mail [EMAIL] or call [PHONE], card [CARD], "
+                     "IBAN [BANK_ACCOUNT], id [IL_ID]"]
+
+    for path in data.rglob("*"):
+        if path.is_file():
+            content = path.read_bytes()
+            for clear in (b"jane.doe", b"415 555 0100", b"4111 1111", b"GB82", b"123456782"):
+                assert clear not in content, f"{clear!r} reached {path.relative_to(data)}"
