@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsRouter, PullSub
-from faststream.nats.message import NatsBatchMessage
+from faststream.nats import JStream, NatsMessage, NatsRouter, PullSub
 from nats.aio.client import Client as NATS
 from nats.js.api import StorageType
 
@@ -45,7 +44,7 @@ def durable_batches(router: NatsRouter, subject: str, durable: str, handler: Bat
     Pull (not push) so that several replicas can share one durable consumer.
     """
 
-    async def consume(batch: NatsBatchMessage) -> None:
+    async def consume(batch: NatsMessage) -> None:  # a batch: its body is a list of bodies
         await handler(list(batch.body))
 
     router.subscriber(

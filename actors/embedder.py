@@ -1,0 +1,135 @@
+"""The embedder actor: one partition's memory vectors, and cosine ranking of candidates.
+
+Fed like the indexer by a durable pull consumer on `mem.evt.<p>.memory` (ids only; texts come
+from storage). Query embeddings go through a batcher: requests that arrive while the model is
+busy are embedded together in one ONNX call (batching under load, none when idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from actors.runtime import Serial, ready_route
+from bus import BusClient, NatsRouter, parse, replying, subjects
+from bus.streams import durable_batches
+from contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
+from contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
+from storage.embedding import OnnxEmbedder
+from storage.vectors import VectorStore
+
+
+class Batcher:
+    """Coalesces concurrent `embed(text)` calls into batches of up to `size`."""
+
+    def __init__(self, embed: OnnxEmbedder, run: Serial, size: int) -> None:
+        self._embed = embed
+        self._run = run
+        self._size = size
+        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="embedder.batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def embed(self, text: str) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        await self._queue.put((text, future))
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._size and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                vectors = await self._run(self._embed.embed, [text for text, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), vector in zip(batch, vectors, strict=True):
+                if not future.done():
+                    future.set_result(vector)
+
+
+class EmbedderActor:
+    def __init__(self, *, partition: str, path: Path, model: Path, tokenizer: Path,
+                 bus: BusClient, batch: int = 32) -> None:
+        self.partition = partition
+        self.name = f"embedder.{partition}"
+        self._path = path
+        self._model = model
+        self._tokenizer = tokenizer
+        self._bus = bus
+        self._batch = batch
+        self._model_thread = Serial(f"{self.name}.model")
+        self._store_thread = Serial(f"{self.name}.store")
+        self._vectors: VectorStore | None = None
+        self._embedder: OnnxEmbedder | None = None
+        self._batcher: Batcher | None = None
+
+    async def start(self) -> None:
+        self._embedder = await self._model_thread(OnnxEmbedder, self._model, self._tokenizer)
+        self._vectors = await self._store_thread(VectorStore, self._path, self._embedder.dim)
+        self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
+        self._batcher.start()
+
+    async def stop(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.stop()
+        if self._vectors is not None:
+            await self._store_thread(self._vectors.close)
+        self._model_thread.shutdown()
+        self._store_thread.shutdown()
+
+    @property
+    def vectors(self) -> VectorStore:
+        assert self._vectors is not None, "start() first"
+        return self._vectors
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.embed(self.partition, "rank"))(replying(self.rank))
+        durable_batches(router, subjects.memory_events(self.partition),
+                        f"embedder-{self.partition}", self.on_events, batch_size=self._batch)
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def on_events(self, payloads: list[bytes]) -> None:
+        stored: defaultdict[Owner, list[str]] = defaultdict(list)
+        deleted: list[str] = []
+        for payload in payloads:
+            event = MEMORY_EVENT.validate_json(payload)
+            if isinstance(event, MemoryStored):
+                if event.memory_id not in self.vectors:
+                    stored[event.owner].append(event.memory_id)
+            elif isinstance(event, MemoriesDeleted):
+                deleted.extend(event.memory_ids)
+        assert self._embedder is not None
+        for owner, ids in stored.items():
+            texts = await self._bus.request(subjects.store(self.partition, "texts"),
+                                            TextsRequest(owner=owner, memory_ids=ids), Texts)
+            if texts.items:
+                matrix = await self._model_thread(self._embedder.embed,
+                                                  [item.text for item in texts.items])
+                await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id,
+                                         [item.memory_id for item in texts.items], matrix)
+        if deleted:
+            await self._store_thread(self.vectors.delete, deleted)
+
+    async def rank(self, payload: bytes) -> Ranking:
+        """Embed the query and order the candidates that already have vectors."""
+        request = parse(RankRequest, payload)
+        assert self._batcher is not None
+        query = await self._batcher.embed(request.query)
+        return Ranking(memory_ids=self.vectors.rank(query, request.memory_ids))

@@ -1,0 +1,97 @@
+"""The indexer actor: keeps one partition's Tantivy indexes and ranks candidates by BM25.
+
+Fed by `mem.evt.<p>.memory` through a durable pull consumer (at-least-once; adding a memory
+twice replaces it, so redelivery is harmless; a restarted indexer resumes where it acked).
+Events carry ids only: the masked text is fetched from storage, and never stored in the index.
+
+Read-your-writes: a rank request names its candidates; any the index does not hold yet are
+fetched and indexed before searching, so a memory is recallable by its words as soon as
+remember has returned, however far the event consumer lags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+
+from actors.runtime import Serial, ready_route
+from bus import BusClient, NatsRouter, parse, replying, subjects
+from bus.streams import durable_batches
+from contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
+from contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
+from storage.text_index import TextIndexes
+
+
+class IndexerActor:
+    def __init__(self, *, partition: str, root: Path, bus: BusClient) -> None:
+        self.partition = partition
+        self.name = f"indexer.{partition}"
+        self._root = root
+        self._bus = bus
+        self._serial = Serial(self.name)
+        self._indexes: TextIndexes | None = None
+        self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    @property
+    def indexes(self) -> TextIndexes:
+        assert self._indexes is not None, "start() first"
+        return self._indexes
+
+    async def start(self) -> None:
+        self._indexes = TextIndexes(self._root)
+
+    async def stop(self) -> None:
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.index(self.partition, "rank"))(replying(self.rank))
+        durable_batches(router, subjects.memory_events(self.partition),
+                        f"indexer-{self.partition}", self.on_events)
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def _texts(self, owner: Owner, ids: list[str] | None) -> list[tuple[str, str]]:
+        texts = await self._bus.request(subjects.store(self.partition, "texts"),
+                                        TextsRequest(owner=owner, memory_ids=ids), Texts)
+        return [(item.memory_id, item.text) for item in texts.items]
+
+    async def ensure_indexed(self, owner: Owner, ids: list[str]) -> None:
+        index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
+        missing = [i for i in ids if i not in index.ids]
+        if missing:
+            items = await self._texts(owner, missing)
+            await self._serial(index.add, items)
+
+    async def rebuild(self, owner: Owner, deleted: list[str]) -> None:
+        index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
+        if index.ids.isdisjoint(deleted):
+            return
+        items = await self._texts(owner, None)
+        await self._serial(index.rebuild, items)
+
+    async def on_events(self, payloads: list[bytes]) -> None:
+        stored: defaultdict[Owner, list[str]] = defaultdict(list)
+        deleted: defaultdict[Owner, list[str]] = defaultdict(list)
+        for payload in payloads:
+            event = MEMORY_EVENT.validate_json(payload)
+            if isinstance(event, MemoryStored):
+                stored[event.owner].append(event.memory_id)
+            elif isinstance(event, MemoriesDeleted):
+                deleted[event.owner].extend(event.memory_ids)
+        for owner, ids in stored.items():
+            async with self._locks[owner]:
+                await self.ensure_indexed(owner, ids)
+        for owner, ids in deleted.items():
+            async with self._locks[owner]:
+                await self.rebuild(owner, ids)
+
+    async def rank(self, payload: bytes) -> Ranking:
+        request = parse(RankRequest, payload)
+        async with self._locks[request.owner]:
+            await self.ensure_indexed(request.owner, request.memory_ids)
+        index = await self._serial(self.indexes.owner, request.owner.tenant,
+                                   request.owner.subject_id)
+        ranked = await self._serial(index.rank, request.query, request.memory_ids)
+        return Ranking(memory_ids=ranked)

