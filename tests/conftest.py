@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,27 +84,43 @@ def test_settings(data_dir: Path, **overrides: Any) -> Settings:
     return Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, nats_port=-1, **overrides)
 
 
+async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
+                      skip: frozenset[str] = frozenset(), **overrides: Any) -> Memgate:
+    """nats-server, the actors (but `skip`), and the REST adapter on a free port, under `stack`."""
+    settings = test_settings(tmp_path / "data", **overrides)
+    server = await stack.enter_async_context(EmbeddedNats(tmp_path / "nats"))
+    await start_actors(settings, server.url, stack, skip=skip)
+    port = free_port()
+    app = create_app(server.url, ready_subjects=actor_names(settings))
+    http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                log_level="warning", lifespan="on"))
+    task = asyncio.create_task(http_server.serve())
+
+    async def stop_http() -> None:
+        http_server.should_exit = True
+        await task
+
+    stack.push_async_callback(stop_http)
+    while not http_server.started:
+        assert not task.done(), "the REST adapter did not start"
+        await asyncio.sleep(0.01)
+    client = await stack.enter_async_context(
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
+    return Memgate(server.url, client, settings)
+
+
 @pytest.fixture
 async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
-    settings = test_settings(tmp_path / "data")
     async with AsyncExitStack() as stack:
-        server = await stack.enter_async_context(EmbeddedNats(tmp_path / "nats"))
-        await start_actors(settings, server.url, stack)
-        port = free_port()
-        app = create_app(server.url, ready_subjects=actor_names(settings))
-        http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning", lifespan="on"))
-        task = asyncio.create_task(http_server.serve())
-        while not http_server.started:
-            assert not task.done(), "the REST adapter did not start"
-            await asyncio.sleep(0.01)
-        client = await stack.enter_async_context(
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
-        try:
-            yield Memgate(server.url, client, settings)
-        finally:
-            http_server.should_exit = True
-            await task
+        yield await run_memgate(tmp_path, stack)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 15.0) -> None:
+    """Wait until `check()` holds (for work that flows through durable consumers)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(params=["rest", "bus"])

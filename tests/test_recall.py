@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime
+from pathlib import Path
 
+import nats
 import pytest
+import tantivy
+from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
 
 from actors.fusion import rrf
-from tests.conftest import Memgate
+from actors.indexer import IndexerActor
+from bus import BusClient
+from contracts import RememberResult
+from contracts.internal import Owner, StoreRemember
+from tests.conftest import Memgate, eventually, run_memgate
 
 
 def test_rrf_adds_reciprocal_ranks() -> None:
@@ -53,6 +63,7 @@ async def test_meaning_matches_without_shared_words(memgate: Memgate, transport:
         if result.memories and result.memories[0].ranks.cosine is not None:
             break
         await asyncio.sleep(0.05)
+    assert result.memories, result
     assert result.memories[0].memory_id == answer.memory_id
     assert result.memories[0].ranks.cosine == 1 and result.memories[0].ranks.bm25 is None
     assert result.degraded == []
@@ -86,3 +97,100 @@ async def test_recall_as_of_and_namespace_and_limit(memgate: Memgate, transport:
     assert len((await agent.recall("deploy")).memories) == 10
     assert len((await agent.recall("deploy", limit=3)).memories) == 3
     await agent.close()
+
+
+def index_files(memgate: Memgate) -> list[Path]:
+    root = memgate.settings.data_dir / "partitions" / "p0" / "text-index"
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def live_index(memgate: Memgate, tenant: str, subject: str) -> tantivy.Index:
+    root = memgate.settings.data_dir / "partitions" / "p0" / "text-index" / f"{tenant}__{subject}"
+    newest = max(root.glob("gen-*"), key=lambda p: int(p.name[4:]))
+    return tantivy.Index.open(str(newest))
+
+
+async def test_forget_removes_the_words_from_the_index_files(memgate: Memgate, transport: str) -> None:
+    owner = await memgate.workspace()
+    agent = await memgate.agent(transport, await memgate.credential(owner))
+    await agent.remember("notes", "the zebracorn project ships in spring", key="zebra")
+    await agent.remember("notes", "the zebracorn mascot is purple", key="zebra")
+    await agent.remember("notes", "lunch is usually sushi")
+    assert len((await agent.recall("zebracorn", as_of=datetime.now(UTC))).memories) >= 1
+
+    def terms() -> list[object]:
+        searcher = live_index(memgate, owner.workspace_id, owner.member_id).searcher()
+        return list(searcher.terms_with_prefix("text", "zebracorn"))
+
+    async def indexed_both_versions() -> bool:
+        return terms() == [("zebracorn", 2)]
+
+    await eventually(indexed_both_versions)
+    assert (await agent.forget(namespace="notes", key="zebra")).deleted == 2
+
+    async def gone() -> bool:
+        on_disk = any(b"zebracorn" in p.read_bytes() for p in index_files(memgate))
+        return not terms() and not on_disk
+
+    await eventually(gone)
+    assert [m.text for m in (await agent.recall("zebracorn sushi")).memories] == [
+        "lunch is usually sushi"]
+    await agent.close()
+
+
+async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"indexer.p0"}))
+        nc = await nats.connect(memgate.nats_url)
+        stack.push_async_callback(nc.close)
+        bus = BusClient(nc)
+        owner = Owner(tenant="ws_restart", subject_id="mb_restart")
+
+        async def remember(text: str) -> str:
+            command = StoreRemember(owner=owner, credential_id="cr", namespace="n", text=text,
+                                    retention_days=90)
+            return (await bus.request("mem.int.store.p0.remember", command, RememberResult)).memory_id
+
+        root = tmp_path / "data" / "partitions" / "p0" / "text-index"
+        first = [await remember(f"before the indexer started {i}") for i in range(5)]
+        for expected_extra in (0, 3):
+            extra = [await remember(f"while the indexer was down {i}") for i in range(expected_extra)]
+            first += extra
+            async with AsyncExitStack() as run:
+                broker = NatsBroker(memgate.nats_url, logger=None)
+                indexer = IndexerActor(partition="p0", root=root, bus=bus)
+                await indexer.start()
+                run.push_async_callback(indexer.stop)
+                broker.include_router(indexer.router())
+                await broker.start()
+                run.push_async_callback(broker.stop)
+
+                async def caught_up() -> bool:
+                    return indexer.indexes.owner(owner.tenant, owner.subject_id).ids == set(first)
+
+                await eventually(caught_up)
+
+
+async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"embedder.p0"}),
+                                    recall_cosine_deadline_ms=300)
+        nc = await nats.connect(memgate.nats_url)
+        stack.push_async_callback(nc.close)
+
+        async def slow_embedder(msg: Msg) -> None:
+            await asyncio.sleep(3)
+            await msg.respond(b'{"v":1,"ok":true,"result":{"memoryIds":[]}}')
+
+        await nc.subscribe("mem.int.embed.p0.rank", cb=slow_embedder)
+        owner = await memgate.workspace()
+        agent = await memgate.agent("bus", await memgate.credential(owner))
+        remembered = await agent.remember("prefs", "deploys on Fridays")
+        started = time.perf_counter()
+        result = await agent.recall("fridays")
+        elapsed = time.perf_counter() - started
+        assert result.degraded == ["cosine"]
+        assert [m.memory_id for m in result.memories] == [remembered.memory_id]
+        assert result.memories[0].ranks.cosine is None
+        assert 0.3 <= elapsed < 1.5, elapsed
+        await agent.close()
