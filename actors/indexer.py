@@ -61,8 +61,7 @@ class IndexerActor:
         index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
         missing = [i for i in ids if i not in index.ids]
         if missing:
-            items = await self._texts(owner, missing)
-            await self._serial(index.add, items)
+            await self._serial(index.add, await self._texts(owner, missing))
 
     async def rebuild(self, owner: Owner, deleted: list[str]) -> None:
         index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
@@ -89,9 +88,10 @@ class IndexerActor:
 
     async def rank(self, payload: bytes) -> Ranking:
         request = parse(RankRequest, payload)
-        async with self._locks[request.owner]:
-            await self.ensure_indexed(request.owner, request.memory_ids)
-        index = await self._serial(self.indexes.owner, request.owner.tenant,
-                                   request.owner.subject_id)
-        ranked = await self._serial(index.rank, request.query, request.memory_ids)
+        owner = request.owner
+        async with self._locks[owner]:
+            await self.ensure_indexed(owner, request.memory_ids)
+        ranked = await self._serial(
+            lambda: self.indexes.owner(owner.tenant, owner.subject_id).rank(
+                request.query, request.memory_ids))
         return Ranking(memory_ids=ranked)

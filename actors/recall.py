@@ -19,7 +19,9 @@ from actors.runtime import partition_of, ready_route
 from bus import BusClient, NatsRouter, parse, replying, subjects
 from contracts import Ranks, RecalledMemory, RecallResult
 from contracts.errors import MemgateError
-from contracts.internal import Candidates, RankRequest, Ranking, RecallQuery, StoreQuery
+from contracts.internal import (
+    Candidates, GetMemories, Memories, RankRequest, Ranking, RecallQuery, StoreQuery,
+)
 
 QUEUE = "recall"
 
@@ -64,21 +66,23 @@ class RecallActor:
             StoreQuery(owner=query.owner, namespace=query.namespace,
                        collection_id=query.collection_id, as_of=query.as_of, limit=self._window),
             Candidates)
-        if not candidates.memories:
+        if not candidates.memory_ids:
             return RecallResult(memories=[])
-        rank = RankRequest(owner=query.owner, query=query.query,
-                           memory_ids=[c.memory_id for c in candidates.memories])
+        rank = RankRequest(owner=query.owner, query=query.query, memory_ids=candidates.memory_ids)
         bm25, cosine = await asyncio.gather(
             self._channel(subjects.index(partition, "rank"), rank, 10.0),
             self._channel(subjects.embed(partition, "rank"), rank, self._deadline))
         channels = {"bm25": bm25, "cosine": cosine, "entity": []}
         degraded = [name for name, ids in channels.items() if ids is None]
         fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k)
-        by_id = {c.memory_id: c for c in candidates.memories}
-        fused.sort(key=lambda f: (-f.score, -by_id[f.memory_id].seq))
+        age = {memory_id: i for i, memory_id in enumerate(candidates.memory_ids)}
+        top = sorted(fused, key=lambda f: (-f.score, age[f.memory_id]))[: query.limit]
+        found = await self._bus.request(
+            subjects.store(partition, "get"),
+            GetMemories(owner=query.owner, memory_ids=[f.memory_id for f in top]), Memories)
+        by_id = {m.memory_id: m for m in found.memories}
         memories = [
-            RecalledMemory(**by_id[f.memory_id].model_dump(exclude={"seq"}), score=f.score,
-                           ranks=Ranks(**f.ranks))
-            for f in fused[: query.limit]
+            RecalledMemory(**by_id[f.memory_id].model_dump(), score=f.score, ranks=Ranks(**f.ranks))
+            for f in top if f.memory_id in by_id  # forgotten meanwhile: left out
         ]
         return RecallResult(memories=memories, degraded=degraded)

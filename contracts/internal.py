@@ -45,12 +45,17 @@ class StoreForget(Contract):
     key: str | None = None
 
 
-class Candidate(Memory):
-    seq: int
-
-
 class Candidates(Contract):
-    memories: list[Candidate]
+    memory_ids: list[str]  # newest first
+
+
+class GetMemories(Contract):
+    owner: Owner
+    memory_ids: list[str]
+
+
+class Memories(Contract):
+    memories: list[Memory]
 
 
 class TextsRequest(Contract):

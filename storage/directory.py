@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -71,78 +71,100 @@ class CredentialRow:
 
 
 class DirectoryStore:
+    """The directory's DuckDB file, mirrored in memory.
+
+    The directory actor is the file's only writer, so the mirror is always exact: lookups (one
+    per agent command) cost a dict access, and every change is visible to the next lookup.
+    """
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))
         self._db.execute(_SCHEMA)
+        self._workspaces = {row[0]: WorkspaceRow(*row) for row in
+                            self._db.execute("SELECT * FROM workspaces").fetchall()}
+        self._members = {row[0]: MemberRow(*row) for row in
+                         self._db.execute("SELECT * FROM members").fetchall()}
+        self._member_tokens = {m.token_hash: m.member_id for m in self._members.values()}
+        self._credentials = {row[0]: CredentialRow(row[0], row[1], row[2], tuple(row[3]), row[4],
+                                                   row[5])
+                             for row in self._db.execute(
+            "SELECT credential_id, workspace_id, member_id, scopes, context_set_id, token_hash "
+            "FROM credentials WHERE NOT revoked").fetchall()}
+        self._credential_tokens = {c.token_hash: c.credential_id for c in self._credentials.values()}
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
     def create_workspace(self, name: str, non_retaining: bool) -> str:
-        workspace_id = new_id("ws")
-        self._db.execute("INSERT INTO workspaces VALUES (?, ?, ?, false, 90)",
-                         [workspace_id, name, non_retaining])
-        return workspace_id
+        row = WorkspaceRow(new_id("ws"), name, non_retaining, False, 90)
+        self._db.execute("INSERT INTO workspaces VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
+        self._workspaces[row.workspace_id] = row
+        return row.workspace_id
 
     def workspace(self, workspace_id: str) -> WorkspaceRow | None:
-        row = self._db.execute("SELECT * FROM workspaces WHERE workspace_id = ?",
-                               [workspace_id]).fetchone()
-        return WorkspaceRow(*row) if row else None
+        return self._workspaces.get(workspace_id)
 
     def update_settings(self, workspace_id: str, *, agent_memories_enabled: bool | None,
                         retention_days: int | None) -> None:
-        self._db.execute(
-            "UPDATE workspaces SET agent_memories_enabled = coalesce(?, agent_memories_enabled), "
-            "retention_days = coalesce(?, retention_days) WHERE workspace_id = ?",
-            [agent_memories_enabled, retention_days, workspace_id])
+        old = self._workspaces[workspace_id]
+        row = replace(old, agent_memories_enabled=old.agent_memories_enabled
+                      if agent_memories_enabled is None else agent_memories_enabled,
+                      retention_days=retention_days or old.retention_days)
+        self._db.execute("UPDATE workspaces SET agent_memories_enabled = ?, retention_days = ? "
+                         "WHERE workspace_id = ?",
+                         [row.agent_memories_enabled, row.retention_days, workspace_id])
+        self._workspaces[workspace_id] = row
 
     def add_member(self, workspace_id: str, name: str, role: str) -> tuple[str, str]:
-        member_id, token = new_id("mb"), new_token("mgm")
-        self._db.execute("INSERT INTO members VALUES (?, ?, ?, ?, ?)",
-                         [member_id, workspace_id, name, role, hash_token(token)])
-        return member_id, token
+        token = new_token("mgm")
+        row = MemberRow(new_id("mb"), workspace_id, name, role, hash_token(token))
+        self._db.execute("INSERT INTO members VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
+        self._members[row.member_id] = row
+        self._member_tokens[row.token_hash] = row.member_id
+        return row.member_id, token
 
     def member(self, workspace_id: str, member_id: str) -> MemberRow | None:
-        row = self._db.execute("SELECT * FROM members WHERE workspace_id = ? AND member_id = ?",
-                               [workspace_id, member_id]).fetchone()
-        return MemberRow(*row) if row else None
+        row = self._members.get(member_id)
+        return row if row is not None and row.workspace_id == workspace_id else None
 
     def member_by_token(self, token_hash: str) -> MemberRow | None:
-        row = self._db.execute("SELECT * FROM members WHERE token_hash = ?", [token_hash]).fetchone()
-        if row is None or not secrets.compare_digest(row[4], token_hash):
+        row = self._members.get(self._member_tokens.get(token_hash, ""))
+        if row is None or not secrets.compare_digest(row.token_hash, token_hash):
             return None
-        return MemberRow(*row)
+        return row
 
     def set_role(self, workspace_id: str, member_id: str, role: str) -> None:
         self._db.execute("UPDATE members SET role = ? WHERE workspace_id = ? AND member_id = ?",
                          [role, workspace_id, member_id])
+        self._members[member_id] = replace(self._members[member_id], role=role)
 
     def create_credential(self, member: MemberRow, name: str, scopes: list[str],
                           context_set_id: str | None) -> tuple[str, str]:
-        credential_id, token = new_id("cr"), new_token("mga")
+        token = new_token("mga")
+        row = CredentialRow(new_id("cr"), member.workspace_id, member.member_id, tuple(scopes),
+                            context_set_id, hash_token(token))
         self._db.execute(
             "INSERT INTO credentials VALUES (?, ?, ?, ?, ?, ?, ?, false)",
-            [credential_id, member.workspace_id, member.member_id, name, scopes, context_set_id,
-             hash_token(token)])
-        return credential_id, token
+            [row.credential_id, row.workspace_id, row.member_id, name, scopes, context_set_id,
+             row.token_hash])
+        self._credentials[row.credential_id] = row
+        self._credential_tokens[row.token_hash] = row.credential_id
+        return row.credential_id, token
 
     def credential(self, workspace_id: str, credential_id: str) -> CredentialRow | None:
-        row = self._db.execute(
-            "SELECT credential_id, workspace_id, member_id, scopes, context_set_id, token_hash "
-            "FROM credentials WHERE workspace_id = ? AND credential_id = ? AND NOT revoked",
-            [workspace_id, credential_id]).fetchone()
-        return CredentialRow(row[0], row[1], row[2], tuple(row[3]), row[4], row[5]) if row else None
+        row = self._credentials.get(credential_id)
+        return row if row is not None and row.workspace_id == workspace_id else None
 
     def credential_by_token(self, token_hash: str) -> CredentialRow | None:
-        row = self._db.execute(
-            "SELECT credential_id, workspace_id, member_id, scopes, context_set_id, token_hash "
-            "FROM credentials WHERE token_hash = ? AND NOT revoked", [token_hash]).fetchone()
-        if row is None or not secrets.compare_digest(row[5], token_hash):
+        row = self._credentials.get(self._credential_tokens.get(token_hash, ""))
+        if row is None or not secrets.compare_digest(row.token_hash, token_hash):
             return None
-        return CredentialRow(row[0], row[1], row[2], tuple(row[3]), row[4], row[5])
+        return row
 
     def revoke(self, credential_id: str) -> None:
         self._db.execute("UPDATE credentials SET revoked = true WHERE credential_id = ?",
                          [credential_id])
+        row = self._credentials.pop(credential_id)
+        del self._credential_tokens[row.token_hash]

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.latency`, `python -m bench.quality` (or `make bench`)."""

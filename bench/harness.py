@@ -1,0 +1,105 @@
+"""Runs `memgate up` as a separate process (as users do) and sets up one agent credential."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import nats
+
+ADMIN = "bench-operator-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Running:
+    nats_url: str
+    http_url: str
+    http: httpx.AsyncClient
+    data_dir: Path
+
+
+@asynccontextmanager
+async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
+    with tempfile.TemporaryDirectory(prefix="memgate-bench-") as tmp:
+        data, http_port, nats_port = Path(tmp) / "data", free_port(), free_port()
+        env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN, "MEMGATE_NATS_PORT": str(nats_port),
+               **env_overrides}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "adapters", "up", "--data-dir", str(data),
+            "--http", f"127.0.0.1:{http_port}", env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        http_url = f"http://127.0.0.1:{http_port}"
+        async with httpx.AsyncClient(base_url=http_url, timeout=60) as http:
+            try:
+                for _ in range(1200):
+                    try:
+                        if (await http.get("/healthz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.05)
+                yield Running(f"nats://127.0.0.1:{nats_port}", http_url, http, data)
+            finally:
+                process.send_signal(signal.SIGINT)
+                await asyncio.wait_for(process.wait(), 60)
+
+
+async def agent_token(running: Running) -> str:
+    http = running.http
+    created = (await http.post("/api/admin/workspaces", json={"name": "bench"},
+                               headers={"Authorization": f"Bearer {ADMIN}"})).json()
+    ws, owner = created["workspaceId"], created["owner"]["memberToken"]
+    auth = {"Authorization": f"Bearer {owner}"}
+    await http.put(f"/api/w/{ws}/ask-history/settings", json={"agentMemoriesEnabled": True},
+                   headers=auth)
+    created = (await http.post(f"/api/w/{ws}/credentials", headers=auth, json={
+        "name": "bench", "scopes": ["memory:read", "memory:write"]})).json()
+    return str(created["token"])
+
+
+async def consumers_idle(nats_url: str, durables: Sequence[str] = ("indexer-p0", "embedder-p0"),
+                         timeout: float = 600) -> float:
+    """Seconds until every durable consumer has nothing pending or unacknowledged."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    started = asyncio.get_running_loop().time()
+    try:
+        while True:
+            infos = [await js.consumer_info("MEM_EVT", d) for d in durables]
+            if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
+                return asyncio.get_running_loop().time() - started
+            if asyncio.get_running_loop().time() - started > timeout:
+                raise TimeoutError("consumers did not catch up")
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def row(name: str, samples_ms: Sequence[float]) -> str:
+    return (f"| {name:<34} | {len(samples_ms):>5} | {statistics.median(samples_ms):>8.2f} | "
+            f"{percentile(samples_ms, 95):>8.2f} | {percentile(samples_ms, 99):>8.2f} |")
+
+
+HEADER = ("| operation                          |     n |  p50 ms  |  p95 ms  |  p99 ms  |\n"
+          "|------------------------------------|-------|----------|----------|----------|")
