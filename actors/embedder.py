@@ -15,7 +15,6 @@ import numpy as np
 
 from actors.runtime import Serial, ready_route
 from bus import BusClient, NatsRouter, parse, replying, subjects
-from bus.streams import durable_batches
 from contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
 from contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
 from storage.embedding import OnnxEmbedder
@@ -77,6 +76,8 @@ class EmbedderActor:
         self._vectors: VectorStore | None = None
         self._embedder: OnnxEmbedder | None = None
         self._batcher: Batcher | None = None
+        self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
+                                    self.on_events, batch_size=batch)
 
     async def start(self) -> None:
         self._embedder = await self._model_thread(OnnxEmbedder, self._model, self._tokenizer)
@@ -84,8 +85,10 @@ class EmbedderActor:
         self._vectors = await self._store_thread(VectorStore, self._path, self._embedder.dim)
         self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
         self._batcher.start()
+        await self._events.start()
 
     async def stop(self) -> None:
+        await self._events.stop()
         if self._batcher is not None:
             await self._batcher.stop()
         if self._vectors is not None:
@@ -101,8 +104,6 @@ class EmbedderActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.embed(self.partition, "rank"))(replying(self.rank))
-        durable_batches(router, subjects.memory_events(self.partition),
-                        f"embedder-{self.partition}", self.on_events, batch_size=self._batch)
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from actors.runtime import Serial, ready_route
 from bus import BusClient, NatsRouter, parse, replying, subjects
-from bus.streams import durable_batches
 from contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
 from contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
 from storage.text_index import TextIndexes
@@ -32,6 +31,8 @@ class IndexerActor:
         self._serial = Serial(self.name)
         self._indexes: TextIndexes | None = None
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._events = bus.consumer(subjects.memory_events(partition), f"indexer-{partition}",
+                                    self.on_events)
 
     @property
     def indexes(self) -> TextIndexes:
@@ -40,15 +41,15 @@ class IndexerActor:
 
     async def start(self) -> None:
         self._indexes = TextIndexes(self._root)
+        await self._events.start()
 
     async def stop(self) -> None:
+        await self._events.stop()
         self._serial.shutdown()
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.index(self.partition, "rank"))(replying(self.rank))
-        durable_batches(router, subjects.memory_events(self.partition),
-                        f"indexer-{self.partition}", self.on_events)
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

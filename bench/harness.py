@@ -43,7 +43,7 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "adapters", "up", "--data-dir", str(data),
             "--http", f"127.0.0.1:{http_port}", env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            stdout=asyncio.subprocess.DEVNULL, stderr=None if os.environ.get("BENCH_LOGS") else asyncio.subprocess.DEVNULL)
         http_url = f"http://127.0.0.1:{http_port}"
         async with httpx.AsyncClient(base_url=http_url, timeout=60) as http:
             try:

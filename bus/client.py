@@ -13,6 +13,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from bus import subjects
 from bus.replies import decode_reply
+from bus.streams import BatchHandler, DurableConsumer
 from contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
@@ -39,6 +40,11 @@ class BusClient:
         except NatsTimeoutError:
             raise UnavailableError("the request timed out", {"subject": subject}) from None
         return decode_reply(msg.data, result_type)
+
+    def consumer(self, subject: str, durable: str, handler: BatchHandler,
+                 *, batch_size: int = 64) -> DurableConsumer:
+        """A durable pull consumer of the events stream on this connection (see `bus.streams`)."""
+        return DurableConsumer(self._nc, subject, durable, handler, batch_size=batch_size)
 
     async def command(self, subject: str, token: str | None, body: Contract | dict[str, Any],
                       result_type: type[T], *, params: dict[str, str] | None = None) -> T:
