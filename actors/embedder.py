@@ -7,58 +7,18 @@ busy are embedded together in one ONNX call (batching under load, none when idle
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from actors.batching import Batcher
 from actors.runtime import Serial, ready_route
 from bus import BusClient, NatsRouter, parse, replying, subjects
 from contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
 from contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
 from storage.embedding import OnnxEmbedder
 from storage.vectors import VectorStore
-
-
-class Batcher:
-    """Coalesces concurrent `embed(text)` calls into batches of up to `size`."""
-
-    def __init__(self, embed: OnnxEmbedder, run: Serial, size: int) -> None:
-        self._embed = embed
-        self._run = run
-        self._size = size
-        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="embedder.batcher")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def embed(self, text: str) -> np.ndarray:
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, future))
-        return await future
-
-    async def _loop(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._size and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                vectors = await self._run(self._embed.embed, [text for text, _ in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), vector in zip(batch, vectors, strict=True):
-                if not future.done():
-                    future.set_result(vector)
 
 
 class EmbedderActor:
@@ -130,8 +90,12 @@ class EmbedderActor:
             await self._store_thread(self.vectors.delete, deleted)
 
     async def rank(self, payload: bytes) -> Ranking:
-        """Embed the query and order the candidates that already have vectors."""
+        """Order the candidates that already have vectors by cosine similarity to the query
+        (its vector when the caller sends one, else the query embedded here)."""
         request = parse(RankRequest, payload)
         assert self._batcher is not None
-        query = await self._batcher.embed(request.query)
+        if request.vector is not None:
+            query = np.asarray(request.vector, dtype=np.float32)
+        else:
+            query = await self._batcher.embed(request.query)
         return Ranking(memory_ids=self.vectors.rank(query, request.memory_ids))

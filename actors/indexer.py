@@ -90,9 +90,16 @@ class IndexerActor:
     async def rank(self, payload: bytes) -> Ranking:
         request = parse(RankRequest, payload)
         owner = request.owner
-        async with self._locks[owner]:
-            await self.ensure_indexed(owner, request.memory_ids)
-        ranked = await self._serial(
-            lambda: self.indexes.owner(owner.tenant, owner.subject_id).rank(
-                request.query, request.memory_ids))
+
+        def rank() -> list[str] | None:  # None: some candidates are not indexed yet
+            index = self.indexes.owner(owner.tenant, owner.subject_id)
+            if not index.ids.issuperset(request.memory_ids):
+                return None
+            return index.rank(request.query, request.memory_ids)
+
+        ranked = await self._serial(rank)
+        if ranked is None:
+            async with self._locks[owner]:
+                await self.ensure_indexed(owner, request.memory_ids)
+            ranked = await self._serial(rank) or []
         return Ranking(memory_ids=ranked)

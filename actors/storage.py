@@ -20,7 +20,7 @@ from bus.streams import EventPublisher
 from contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
 from contracts.errors import NotFoundError, ValidationFailedError
 from contracts.internal import (
-    Candidates, GetMemories, Memories, OwnedText, Owner, StoreForget, StoreQuery, StoreRemember, Texts,
+    Candidates, OwnedText, Owner, StoreForget, StoreQuery, StoreRemember, Texts,
     TextsRequest,
 )
 from storage import Filters, MemoryStore, Row, decode_cursor, encode_cursor
@@ -68,7 +68,7 @@ class StorageActor:
         router = NatsRouter()
         for operation, handler in {
             "remember": self.remember, "list": self.list, "forget": self.forget,
-            "candidates": self.candidates, "get": self.get, "texts": self.texts,
+            "candidates": self.candidates, "texts": self.texts,
         }.items():
             router.subscriber(subjects.store(self.partition, operation))(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
@@ -131,15 +131,13 @@ class StorageActor:
     async def candidates(self, payload: bytes) -> Candidates:
         """The newest `limit` versions current at `asOf` for an owner (recall's window)."""
         query = parse(StoreQuery, payload)
-        ids = await self._serial(lambda: self.store.candidate_ids(
+        rows = await self._serial(lambda: self.store.list(
             self._filters(query), as_of=query.as_of or datetime.now(UTC), limit=query.limit))
-        return Candidates(memory_ids=ids)
-
-    async def get(self, payload: bytes) -> Memories:
-        request = parse(GetMemories, payload)
-        rows = await self._serial(self.store.get, request.owner.tenant, request.owner.subject_id,
-                                  request.memory_ids)
-        return Memories(memories=[memory_of(r) for r in rows])
+        return Candidates(
+            memory_ids=[r.memory_id for r in rows], namespaces=[r.namespace for r in rows],
+            keys=[r.key for r in rows], collection_ids=[r.collection_id for r in rows],
+            texts=[r.text for r in rows], created_at=[r.created_at for r in rows],
+            superseded_at=[r.superseded_at for r in rows])
 
     async def forget(self, payload: bytes) -> ForgetResult:
         command = parse(StoreForget, payload)

@@ -44,7 +44,9 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
         GovernanceActor(bus=bus, partitions=settings.partitions),
         RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
                     rrf_k=settings.recall_rrf_k,
-                    cosine_deadline_ms=settings.recall_cosine_deadline_ms),
+                    cosine_deadline_ms=settings.recall_cosine_deadline_ms,
+                    model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
+                    batch=settings.embedding_batch),
     ]
     for partition in settings.partition_names():
         root = data / "partitions" / partition

@@ -41,6 +41,10 @@ class EventPublisher:
                                headers={"Nats-Msg-Id": msg_id})
 
 
+# A batch takes well under a second; a short ack wait bounds the redelivery of any message
+# handed to a pull request that its subscriber abandoned (for instance at shutdown).
+ACK_WAIT_S = 5.0
+
 BatchHandler = Callable[[list[bytes]], Awaitable[None]]
 
 
@@ -54,12 +58,13 @@ class DurableConsumer:
     """
 
     def __init__(self, nc: NATS, subject: str, durable: str, handler: BatchHandler,
-                 *, batch_size: int = 64) -> None:
+                 *, batch_size: int = 64, linger: float = 0.05) -> None:
         self._js = nc.jetstream()
         self._subject = subject
         self._durable = durable
         self._handler = handler
         self._batch = batch_size
+        self._linger = linger  # after a partial batch, let the next one fill a little
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -67,7 +72,7 @@ class DurableConsumer:
         await ensure_events_stream(self._js)
         subscription = await self._js.pull_subscribe(
             self._subject, durable=self._durable, stream=EVENTS.name,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0))
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S))
         self._task = asyncio.create_task(self._run(subscription), name=self._durable)
 
     async def stop(self) -> None:
@@ -105,3 +110,5 @@ class DurableConsumer:
                 await asyncio.gather(*(m.nak(delay=1.0) for m in messages))
                 continue
             await asyncio.gather(*(m.ack() for m in messages))
+            if len(messages) < self._batch:
+                await asyncio.sleep(self._linger)

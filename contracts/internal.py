@@ -46,16 +46,20 @@ class StoreForget(Contract):
 
 
 class Candidates(Contract):
-    memory_ids: list[str]  # newest first
+    """Recall's window, newest first, as columns (one parse for 300 rows, not 300 models)."""
 
-
-class GetMemories(Contract):
-    owner: Owner
     memory_ids: list[str]
+    namespaces: list[str]
+    keys: list[str | None]
+    collection_ids: list[str | None]
+    texts: list[str]
+    created_at: list[datetime]
+    superseded_at: list[datetime | None]
 
-
-class Memories(Contract):
-    memories: list[Memory]
+    def memory(self, i: int) -> Memory:
+        return Memory(memory_id=self.memory_ids[i], namespace=self.namespaces[i], key=self.keys[i],
+                      collection_id=self.collection_ids[i], text=self.texts[i],
+                      created_at=self.created_at[i], superseded_at=self.superseded_at[i])
 
 
 class TextsRequest(Contract):
@@ -79,6 +83,7 @@ class RankRequest(Contract):
     owner: Owner
     query: str
     memory_ids: list[str]
+    vector: list[float] | None = None  # the query's embedding, when the caller has it
 
 
 class Ranking(Contract):

@@ -154,20 +154,6 @@ class MemoryStore:
                 params.append(value)
         return " AND ".join(clauses), params
 
-    def candidate_ids(self, filters: Filters, *, as_of: datetime, limit: int) -> list[str]:
-        """Ids of the newest `limit` versions current at `as_of`, newest first."""
-        where, params = self._where(filters, as_of)
-        return [r[0] for r in self._db.execute(
-            f"SELECT memory_id FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
-            [*params, limit]).fetchall()]
-
-    def get(self, tenant: str, subject_id: str, memory_ids: list[str]) -> list[Row]:
-        """The owner's versions among `memory_ids` (others' ids are silently absent)."""
-        rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM memories WHERE tenant = ? AND subject_id = ? "
-            "AND list_contains(?, memory_id)", [tenant, subject_id, memory_ids]).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7])) for r in rows]
-
     def list(self, filters: Filters, *, as_of: datetime, limit: int,
              before_seq: int | None = None) -> list[Row]:
         """Versions current at `as_of`, newest first."""

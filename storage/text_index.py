@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -151,11 +152,15 @@ class TextIndexes:
         self._root = root
         self._open: OrderedDict[str, OwnerIndex] = OrderedDict()
         self._limit = open_limit
+        self._lock = threading.Lock()  # never two OwnerIndex objects (two writers) for one owner
 
     def owner(self, tenant: str, subject_id: str) -> OwnerIndex:
         name = f"{tenant}__{subject_id}"
-        index = self._open.pop(name, None) or OwnerIndex(self._root / name)
-        self._open[name] = index
-        while len(self._open) > self._limit:
-            self._open.popitem(last=False)
-        return index
+        with self._lock:
+            index = self._open.get(name)
+            if index is None:
+                index = self._open[name] = OwnerIndex(self._root / name)
+            self._open.move_to_end(name)
+            while len(self._open) > self._limit:
+                self._open.popitem(last=False)
+            return index
