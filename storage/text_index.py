@@ -15,7 +15,7 @@ import re
 import shutil
 import threading
 import unicodedata
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,6 +24,19 @@ import tantivy
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
 READY = "READY"
+# Words that say nothing about which memory is meant; dropped from queries (not from documents)
+# so that BM25 lists only memories sharing content words with the query.
+STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has
+have having he her here hers herself him himself his how i if in into is it its itself just me
+more most my myself no nor not now of off on once only or other our ours ourselves out over own
+same she should so some such than that the their theirs them themselves then there these they
+this those through to too under until up very was we were what when where which while who whom
+why will with would you your yours yourself yourselves usually ever also s t
+""".split())
+# Hiragana on its own is grammar (particles such as の, は, を), not content.
+HIRAGANA = re.compile(r"^[\u3040-\u309f]$")
 
 
 def normalise(text: str) -> str:
@@ -121,25 +134,39 @@ class OwnerIndex:
         shutil.rmtree(self._path(old))
 
     def rank(self, query: str, candidate_ids: list[str]) -> list[str]:
-        """BM25 order of the candidates that match `query` (best first)."""
+        """BM25 order of the candidates that match `query` well enough (best first).
+
+        A candidate counts when it shares at least half of the query's distinct content words
+        (or, for CJK queries, any of its character n-grams). One shared common word out of many
+        is noise that would otherwise outvote the cosine ranking in the fusion.
+        """
         words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
-        clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
-        if words.strip():
-            parsed, _ = self._index.parse_query_lenient(words, ["text"])
-            clauses.append((tantivy.Occur.Should, parsed))
-        for gram in dict.fromkeys(grams.split()):
-            clauses.append((tantivy.Occur.Should, tantivy.Query.term_query(SCHEMA, "cjk", gram)))
-        if not clauses or not candidate_ids:
+        content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
+        word_queries = [self._index.parse_query_lenient(w, ["text"])[0] for w in content]
+        gram_queries = [tantivy.Query.term_query(SCHEMA, "cjk", g)
+                        for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
+        if not (word_queries or gram_queries) or not candidate_ids:
             return []
         restrict = tantivy.Query.const_score_query(
             tantivy.Query.term_set_query(SCHEMA, "memory_id", candidate_ids), 0.0)
-        query_ = tantivy.Query.boolean_query([
-            (tantivy.Occur.Must, tantivy.Query.boolean_query(clauses)),
-            (tantivy.Occur.Must, restrict),
-        ])
         searcher = self._index.searcher()
-        hits = searcher.search(query_, limit=len(candidate_ids)).hits
-        return [searcher.doc(address)["memory_id"][0] for _, address in hits]
+        limit = len(candidate_ids)
+
+        def hits(query_: tantivy.Query) -> list[tantivy.DocAddress]:
+            scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, query_),
+                                                  (tantivy.Occur.Must, restrict)])
+            return [address for _, address in searcher.search(scoped, limit=limit).hits]
+
+        def key(address: tantivy.DocAddress) -> tuple[int, int]:
+            return address.segment_ord, address.doc
+
+        ranked = hits(tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, q) for q in word_queries + gram_queries]))
+        if len(word_queries) > 1:
+            shared = Counter(key(a) for q in word_queries for a in hits(q))
+            ranked = [a for a in ranked
+                      if shared[key(a)] == 0 or 2 * shared[key(a)] >= len(word_queries)]
+        return [searcher.doc(address)["memory_id"][0] for address in ranked]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
         return list(self._index.searcher().terms_with_prefix(field, prefix))
