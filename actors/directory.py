@@ -12,15 +12,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from actors.runtime import Serial, ready_route
-from bus import NatsRouter, parse, replying, subjects
+from bus import BusClient, NatsRouter, parse, replying, subjects
+from bus.server import PUBLIC_COMMANDS, new_agent_seed
 from contracts import (
-    AddMember, Contract, CreateCredential, CreateWorkspace, CredentialCreated, Done, Envelope,
-    MemberToken, MemberView, PatchMember, Principal, Role, Scope, SettingsUpdate,
-    WorkspaceCreated, WorkspaceSettings,
+    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
+    Done, Envelope, MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
+    PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
 from contracts.errors import (
     ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
-    ValidationFailedError,
+    UnavailableError, ValidationFailedError,
 )
 from contracts.internal import PrincipalRequest
 from storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
@@ -45,8 +46,9 @@ def check_grantable(role: Role, scopes: list[Scope]) -> None:
 class DirectoryActor:
     name = "directory"
 
-    def __init__(self, *, path: Path, admin_token_hash: str) -> None:
+    def __init__(self, *, path: Path, admin_token_hash: str, bus: BusClient) -> None:
         self._path = path
+        self._bus = bus
         self._admin_hash = admin_token_hash
         self._serial = Serial("directory")
         self._store: DirectoryStore | None = None
@@ -67,6 +69,7 @@ class DirectoryActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
+        router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
             "members.add": self.add_member,
@@ -75,6 +78,8 @@ class DirectoryActor:
             "credentials.revoke": self.revoke_credential,
             "settings.get": self.get_settings,
             "settings.put": self.put_settings,
+            "nats.create": self.create_nats_agent,
+            "nats.revoke": self.revoke_nats_agent,
         }
         for operation, handler in admin.items():
             router.subscriber(subjects.admin(operation))(replying(self._enveloped(handler)))
@@ -215,3 +220,34 @@ class DirectoryActor:
             return _settings(workspace)
 
         return await self._serial(put)
+
+    # --- NATS credentials of agents (the embedded server's users) ---
+
+    async def nats_agents(self, payload: bytes) -> NatsAgents:
+        keys = await self._serial(self.store.nats_agents)
+        return NatsAgents(agents=[NatsAgentKey(public_key=k, inbox_prefix=p) for k, p in keys])
+
+    async def _apply_nats_agents(self) -> None:
+        """Have the embedded server reload its users; answered once applied. Joined to an
+        external NATS (no one answers), the operator manages that server's users instead."""
+        try:
+            await self._bus.request(subjects.NATS_RELOAD, await self.nats_agents(b""), Done)
+        except UnavailableError:
+            return
+
+    async def create_nats_agent(self, envelope: Envelope) -> NatsAgentCreated:
+        self._operator(envelope.token)
+        body = parse(CreateNatsAgent, envelope.body)
+        seed, public_key = new_agent_seed()
+        agent_id, inbox_prefix = await self._serial(self.store.add_nats_agent, body.name,
+                                                    public_key)
+        await self._apply_nats_agents()
+        return NatsAgentCreated(agent_id=agent_id, seed=seed, inbox_prefix=inbox_prefix,
+                                publish=list(PUBLIC_COMMANDS))
+
+    async def revoke_nats_agent(self, envelope: Envelope) -> Done:
+        self._operator(envelope.token)
+        if not await self._serial(self.store.revoke_nats_agent, envelope.params.get("agentId", "")):
+            raise NotFoundError("no such NATS agent")
+        await self._apply_nats_agents()
+        return Done()

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     http_port: int = 8080
     nats_url: str | None = None  # None: start the embedded nats-server
     nats_port: int = 4222  # the embedded server's client port (-1: any free port)
+    nats_user: str = "memgate"  # the internal user (actors and adapters)
+    nats_password: SecretStr | None = None  # embedded: generated and kept under data_dir/nats
     admin_token: SecretStr | None = None
     partitions: int = Field(default=1, ge=1, le=64)
     request_timeout_s: float = 10.0

@@ -6,18 +6,24 @@ import logging
 import secrets
 from contextlib import AsyncExitStack
 
+from dataclasses import dataclass
+from typing import Any
+
 import nats
 from faststream.nats import NatsBroker
+from faststream.security import SASLPlaintext
 
 from actors.directory import DirectoryActor
 from actors.embedder import EmbedderActor
 from actors.governance import GovernanceActor
 from actors.indexer import IndexerActor
+from actors.nats_auth import NatsAuthorityActor
 from actors.recall import RecallActor
 from actors.runtime import Actor
 from actors.settings import Settings
 from actors.storage import StorageActor
-from bus import BusClient, subjects
+from bus import BusClient, EmbeddedNats, subjects
+from bus.server import render_config
 from bus.streams import EventPublisher
 from storage.directory import hash_token
 
@@ -40,7 +46,8 @@ def admin_token(settings: Settings) -> str:
 def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) -> list[Actor]:
     data = settings.data_dir
     actors: list[Actor] = [
-        DirectoryActor(path=data / "directory.duckdb", admin_token_hash=hash_token(admin_token(settings))),
+        DirectoryActor(path=data / "directory.duckdb",
+                       admin_token_hash=hash_token(admin_token(settings)), bus=bus),
         GovernanceActor(bus=bus, partitions=settings.partitions),
         RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
                     rrf_k=settings.recall_rrf_k,
@@ -68,14 +75,62 @@ def actor_names(settings: Settings) -> list[str]:
     return [subjects.ready(name) for name in names]
 
 
-async def start_actors(settings: Settings, nats_url: str, stack: AsyncExitStack,
-                       *, skip: frozenset[str] = frozenset()) -> None:
+@dataclass(frozen=True)
+class Bus:
+    """Where the actors' NATS is, and how internal clients (actors, adapters) log in to it."""
+
+    url: str
+    options: dict[str, Any]
+
+
+def _internal_password(settings: Settings) -> str:
+    if settings.nats_password is not None:
+        return settings.nats_password.get_secret_value()
+    path = settings.data_dir / "nats" / "internal.secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+async def start_system(settings: Settings, stack: AsyncExitStack,
+                       *, skip: frozenset[str] = frozenset()) -> Bus:
+    """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor."""
+    if settings.nats_url is not None:
+        options: dict[str, Any] = {}
+        if settings.nats_password is not None:
+            options = {"user": settings.nats_user,
+                       "password": settings.nats_password.get_secret_value()}
+        bus = Bus(settings.nats_url, options)
+        await start_actors(settings, bus, stack, skip=skip)
+        return bus
+    password = _internal_password(settings)
+    server = await stack.enter_async_context(EmbeddedNats(
+        settings.data_dir / "nats", port=settings.nats_port,
+        config=render_config(settings.nats_user, password, [])))
+    bus = Bus(server.url, {"user": settings.nats_user, "password": password})
+    await start_actors(settings, bus, stack, skip=skip, server=server)
+    return bus
+
+
+async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
+                       skip: frozenset[str] = frozenset(), server: EmbeddedNats | None = None) -> None:
     """Start every actor of this process but those named in `skip`; `stack` stops them."""
-    nc = await nats.connect(nats_url, name="memgate-actors")
+    nc = await nats.connect(bus.url, name="memgate-actors", **bus.options)
     stack.push_async_callback(nc.drain)
-    bus = BusClient(nc, timeout=settings.request_timeout_s)
-    broker = NatsBroker(nats_url, logger=None, graceful_timeout=settings.request_timeout_s)
-    for actor in build_actors(settings, bus, EventPublisher(nc)):
+    client = BusClient(nc, timeout=settings.request_timeout_s)
+    security = (SASLPlaintext(username=bus.options["user"], password=bus.options["password"])
+                if "user" in bus.options else None)
+    broker = NatsBroker(bus.url, logger=None, graceful_timeout=settings.request_timeout_s,
+                        security=security)
+    actors = build_actors(settings, client, EventPublisher(nc))
+    authority = None
+    if server is not None:
+        authority = NatsAuthorityActor(server=server, bus=client, user=settings.nats_user,
+                                       password=bus.options["password"])
+        actors.append(authority)
+    for actor in actors:
         if actor.name in skip:
             continue
         await actor.start()
@@ -83,6 +138,7 @@ async def start_actors(settings: Settings, nats_url: str, stack: AsyncExitStack,
         broker.include_router(actor.router())
     await broker.start()
     stack.push_async_callback(broker.stop)
-    log.info("actors started on %s", nats_url)
-
-
+    await broker.connection.flush()  # every subscription is known to the server from here on
+    if authority is not None and "directory" not in skip:
+        await authority.sync()
+    log.info("actors started on %s", bus.url)

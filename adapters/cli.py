@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,9 +18,9 @@ import typer
 import uvicorn
 
 from actors.settings import Settings
-from actors.system import actor_names, start_actors
+from actors.system import actor_names, start_system
+from adapters.mcp_server import serve_stdio
 from adapters.rest import create_app
-from bus import EmbeddedNats
 
 app = typer.Typer(help="memgate: governed long-term memory for AI agents.", no_args_is_help=True)
 admin = typer.Typer(help="Workspaces, members, credentials and settings (SPEC §2.4).",
@@ -42,13 +43,10 @@ def _host_port(value: str) -> tuple[str, int]:
 async def serve(settings: Settings) -> None:
     """Embedded nats-server (unless `--nats`), every actor, the REST adapter; Ctrl-C drains all."""
     async with AsyncExitStack() as stack:
-        url = settings.nats_url
-        if url is None:
-            server = EmbeddedNats(settings.data_dir / "nats", port=settings.nats_port)
-            url = (await stack.enter_async_context(server)).url
-        await start_actors(settings, url, stack)
+        bus = await start_system(settings, stack)
+        url = bus.url
         api = create_app(url, ready_subjects=actor_names(settings),
-                         timeout=settings.request_timeout_s)
+                         timeout=settings.request_timeout_s, nats_options=bus.options)
         config = uvicorn.Config(api, host=settings.http_host, port=settings.http_port,
                                 log_level="warning", timeout_graceful_shutdown=10)
         typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"
@@ -77,6 +75,32 @@ def up(
         overrides["nats_url"] = nats_url
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(Settings(**overrides)))
+
+
+@app.command("mcp")
+def mcp_stdio(
+    nats_url: Annotated[str, typer.Option("--nats", envvar="MEMGATE_NATS_URL",
+                                          help="the NATS memgate runs on")] = "nats://127.0.0.1:4222",
+    token: Annotated[str | None, typer.Option(envvar="MEMGATE_TOKEN",
+                                              help="the agent credential")] = None,
+    nats_user: Annotated[str | None, typer.Option(envvar="MEMGATE_NATS_USER",
+                                                  help="NATS login, if the server needs one")] = None,
+    nats_password: Annotated[str | None, typer.Option(envvar="MEMGATE_NATS_PASSWORD",
+                                                      help="NATS password")] = None,
+) -> None:
+    """Serve the memory tools to an MCP client over stdin/stdout (stdout carries only MCP)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options: dict[str, Any] = {}
+    if nats_user is not None or nats_password is not None:
+        options.update(user=nats_user, password=nats_password)
+    try:
+        asyncio.run(serve_stdio(nats_url, token, nats_options=options))
+    except KeyboardInterrupt:
+        pass
+    except TimeoutError:  # the URL may hold a password: not echoed
+        typer.echo("memgate mcp: cannot connect to NATS (unreachable, or login refused)", err=True)
+        raise typer.Exit(1) from None
 
 
 # --- admin: the same calls as the REST admin API ---
@@ -141,6 +165,20 @@ def settings(workspace: str, token: TokenOpt, url: Url = "http://127.0.0.1:8080"
                                  "retentionDays": retention_days}.items() if v is not None}
     path = f"/api/w/{workspace}/ask-history/settings"
     _call("PUT" if changes else "GET", url, path, token, changes or None)
+
+
+@admin.command("nats-credential")
+def nats_credential(name: str, url: Url = "http://127.0.0.1:8080") -> None:
+    """Issue an agent's NATS login (NKey seed and inbox prefix; operator token)."""
+    token = os.environ.get("MEMGATE_ADMIN_TOKEN")
+    _call("POST", url, "/api/admin/nats-agents", token, {"name": name})
+
+
+@admin.command("revoke-nats-credential")
+def revoke_nats_credential(agent_id: str, url: Url = "http://127.0.0.1:8080") -> None:
+    """Revoke an agent's NATS login at once (operator token)."""
+    token = os.environ.get("MEMGATE_ADMIN_TOKEN")
+    _call("DELETE", url, f"/api/admin/nats-agents/{agent_id}", token)
 
 
 def main() -> None:

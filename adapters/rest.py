@@ -17,9 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from adapters.mcp_server import McpHttpEndpoint
 from bus import BusClient, subjects
 from contracts import (
-    AddMember, Contract, CreateCredential, CreateWorkspace, CredentialCreated, Done,
+    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, NatsAgentCreated, CredentialCreated, Done,
     ForgetRequest, ForgetResult, ListRequest, ListResult, MemberToken, MemberView, MemgateError,
     PatchMember, RecallRequest, RecallResult, RememberRequest, RememberResult, SettingsUpdate,
     WorkspaceCreated, WorkspaceSettings,
@@ -43,18 +44,22 @@ def error_response(exc: MemgateError) -> JSONResponse:
 def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.0,
                nats_options: dict[str, Any] | None = None) -> FastAPI:
     state: dict[str, BusClient] = {}
+    mcp = McpHttpEndpoint()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         nc = await nats.connect(nats_url, name="memgate-rest", **(nats_options or {}))
         state["bus"] = BusClient(nc, timeout=timeout)
         try:
-            yield
+            async with mcp.serving(state["bus"]):
+                yield
         finally:
             await nc.drain()
 
     app = FastAPI(title="memgate", version="0.1.0", lifespan=lifespan,
                   description="Governed long-term memory for AI agents.")
+
+    app.add_route("/mcp", mcp, include_in_schema=False)  # the MCP tools (streamable HTTP)
 
     @app.exception_handler(MemgateError)
     async def on_memgate_error(request: Request, exc: MemgateError) -> JSONResponse:
@@ -134,5 +139,13 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def put_settings(wsId: str, body: SettingsUpdate,  # noqa: N803
                            token: Token) -> WorkspaceSettings:
         return await call(subjects.admin("settings.put"), WorkspaceSettings, token, body, wsId=wsId)
+
+    @app.post("/api/admin/nats-agents", tags=["admin"])
+    async def create_nats_agent(body: CreateNatsAgent, token: Token) -> NatsAgentCreated:
+        return await call(subjects.admin("nats.create"), NatsAgentCreated, token, body)
+
+    @app.delete("/api/admin/nats-agents/{agentId}", tags=["admin"])
+    async def revoke_nats_agent(agentId: str, token: Token) -> Done:  # noqa: N803
+        return await call(subjects.admin("nats.revoke"), Done, token, {}, agentId=agentId)
 
     return app

@@ -67,11 +67,16 @@ class MemgateClient:
         self._token = token
 
     @classmethod
-    async def connect(cls, url: str, token: str, *, user: str | None = None,
-                      password: str | None = None, timeout: float = 10.0) -> MemgateClient:
-        options: dict[str, Any] = {"servers": [url], "name": "memgate-agent"}
-        if user is not None:
-            options.update(user=user, password=password)
+    async def connect(cls, url: str, token: str, *, nats_seed: str | None = None,
+                      inbox_prefix: str | None = None, timeout: float = 10.0,
+                      **nats_options: Any) -> MemgateClient:
+        """`nats_seed` and `inbox_prefix` are the agent's NATS credential
+        (`memgate admin nats-credential`); `token` is its memgate credential."""
+        options: dict[str, Any] = {"servers": [url], "name": "memgate-agent", **nats_options}
+        if nats_seed is not None:
+            options["nkeys_seed_str"] = nats_seed
+        if inbox_prefix is not None:
+            options["inbox_prefix"] = inbox_prefix
         return cls(await nats.connect(**options), token, timeout=timeout)
 
     async def remember(self, namespace: str, text: str, *, key: str | None = None,

@@ -17,6 +17,8 @@ FORGET: Final = "mem.cmd.forget"
 ADMIN_PREFIX: Final = "mem.admin"
 
 DIRECTORY_PRINCIPAL: Final = "mem.int.dir.principal"
+DIRECTORY_NATS_AGENTS: Final = "mem.int.dir.nats_agents"
+NATS_RELOAD: Final = "mem.int.nats.reload"
 
 EVENTS_STREAM: Final = "MEM_EVT"
 EVENTS_SUBJECTS: Final = "mem.evt.>"

@@ -2,9 +2,9 @@
 
 from contracts.base import Contract, as_utc, utcnow
 from contracts.directory import (
-    AddMember, CreateCredential, CreateWorkspace, CredentialCreated, Done, MemberToken,
-    MemberView, PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated,
-    WorkspaceSettings,
+    AddMember, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated, Done,
+    MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents, PatchMember, Principal,
+    Role, Scope, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
 from contracts.errors import ERROR_TYPES, HTTP_STATUS, ErrorCode, MemgateError, error_for
 from contracts.events import MemoriesDeleted, MemoryStored
@@ -16,7 +16,7 @@ from contracts.reply import REPLY, Envelope, ErrorBody, Failure, Ok
 
 __all__ = [
     "ERROR_TYPES", "HTTP_STATUS", "REPLY", "AddMember", "Contract", "CreateCredential",
-    "CreateWorkspace", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
+    "CreateNatsAgent", "CreateWorkspace", "NatsAgentCreated", "NatsAgentKey", "NatsAgents", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
     "Failure", "ForgetRequest", "ForgetResult", "ListRequest", "ListResult", "MemberToken",
     "MemberView", "MemgateError", "MemoriesDeleted", "Memory", "MemoryStored", "Ok",
     "PatchMember", "Principal", "Ranks", "RecallRequest", "RecallResult", "RecalledMemory",

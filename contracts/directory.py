@@ -98,3 +98,25 @@ class CredentialCreated(Contract):
 
 class Done(Contract):
     ok: bool = True
+
+
+class CreateNatsAgent(Contract):
+    name: str = Field(min_length=1, max_length=120)
+
+
+class NatsAgentCreated(Contract):
+    """An agent's NATS credential: shown once; the server keeps only the public key."""
+
+    agent_id: str
+    seed: str
+    inbox_prefix: str
+    publish: list[str]
+
+
+class NatsAgentKey(Contract):
+    public_key: str
+    inbox_prefix: str
+
+
+class NatsAgents(Contract):
+    agents: list[NatsAgentKey]

@@ -22,6 +22,10 @@ CREATE TABLE IF NOT EXISTS members (
     member_id VARCHAR NOT NULL, workspace_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
     role VARCHAR NOT NULL, token_hash VARCHAR NOT NULL
 );
+CREATE TABLE IF NOT EXISTS nats_agents (
+    agent_id VARCHAR NOT NULL, name VARCHAR NOT NULL, public_key VARCHAR NOT NULL,
+    inbox_prefix VARCHAR NOT NULL, revoked BOOLEAN NOT NULL
+);
 CREATE TABLE IF NOT EXISTS credentials (
     credential_id VARCHAR NOT NULL, workspace_id VARCHAR NOT NULL, member_id VARCHAR NOT NULL,
     name VARCHAR NOT NULL, scopes VARCHAR[] NOT NULL, context_set_id VARCHAR,
@@ -162,6 +166,23 @@ class DirectoryStore:
         if row is None or not secrets.compare_digest(row.token_hash, token_hash):
             return None
         return row
+
+    def add_nats_agent(self, name: str, public_key: str) -> tuple[str, str]:
+        agent_id = new_id("na")
+        inbox_prefix = f"_INBOX_{agent_id}"
+        self._db.execute("INSERT INTO nats_agents VALUES (?, ?, ?, ?, false)",
+                         [agent_id, name, public_key, inbox_prefix])
+        return agent_id, inbox_prefix
+
+    def revoke_nats_agent(self, agent_id: str) -> bool:
+        rows = self._db.execute("UPDATE nats_agents SET revoked = true WHERE agent_id = ? "
+                                "AND NOT revoked RETURNING agent_id", [agent_id]).fetchall()
+        return bool(rows)
+
+    def nats_agents(self) -> list[tuple[str, str]]:
+        """(public key, inbox prefix) of every agent that may connect to the bus."""
+        return [(r[0], r[1]) for r in self._db.execute(
+            "SELECT public_key, inbox_prefix FROM nats_agents WHERE NOT revoked").fetchall()]
 
     def revoke(self, credential_id: str) -> None:
         self._db.execute("UPDATE credentials SET revoked = true WHERE credential_id = ?",

@@ -67,8 +67,9 @@ class BusAgent:
         self._client = client
 
     @classmethod
-    async def connect(cls, url: str, token: str) -> BusAgent:
-        return cls(await MemgateClient.connect(url, token))
+    async def connect(cls, url: str, token: str, seed: str, inbox_prefix: str) -> BusAgent:
+        return cls(await MemgateClient.connect(url, token, nats_seed=seed,
+                                               inbox_prefix=inbox_prefix))
 
     async def remember(self, namespace: str, text: str, **kw: Any) -> RememberResult:
         return await self._client.remember(namespace, text, **kw)

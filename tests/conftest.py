@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import pytest
 import uvicorn
 
 from actors.settings import Settings
-from actors.system import actor_names, start_actors
+from actors.system import Bus, actor_names, start_system
 from adapters.rest import create_app
-from bus import EmbeddedNats
 from tests.agents import Agent, BusAgent, RestAgent
 
 ADMIN_TOKEN = "test-operator-token"
@@ -38,9 +38,21 @@ class Member:
 
 @dataclass
 class Memgate:
-    nats_url: str
+    bus: Bus  # the URL, and the internal user's login
     http: httpx.AsyncClient
     settings: Settings
+
+    @property
+    def nats_url(self) -> str:
+        return self.bus.url
+
+    async def nats_agent(self) -> dict[str, Any]:
+        """An agent's NATS credential, issued through the admin API."""
+        return await self.ok("POST", "/api/admin/nats-agents", ADMIN_TOKEN, {"name": "agent"})
+
+    async def internal(self) -> Any:
+        """A connection as the internal user (what actors use)."""
+        return await nats.connect(self.bus.url, **self.bus.options)
 
     async def admin(self, method: str, path: str, token: str | None,
                     body: dict[str, Any] | None = None) -> httpx.Response:
@@ -77,7 +89,9 @@ class Memgate:
     async def agent(self, transport: str, token: str) -> Agent:
         if transport == "rest":
             return RestAgent(self.http, token)
-        return await BusAgent.connect(self.nats_url, token)
+        nats_agent = await self.nats_agent()
+        return await BusAgent.connect(self.nats_url, token, nats_agent["seed"],
+                                      nats_agent["inboxPrefix"])
 
 
 def test_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -88,10 +102,9 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
                       skip: frozenset[str] = frozenset(), **overrides: Any) -> Memgate:
     """nats-server, the actors (but `skip`), and the REST adapter on a free port, under `stack`."""
     settings = test_settings(tmp_path / "data", **overrides)
-    server = await stack.enter_async_context(EmbeddedNats(tmp_path / "nats"))
-    await start_actors(settings, server.url, stack, skip=skip)
+    bus = await start_system(settings, stack, skip=skip)
     port = free_port()
-    app = create_app(server.url, ready_subjects=actor_names(settings))
+    app = create_app(bus.url, ready_subjects=actor_names(settings), nats_options=bus.options)
     http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                 log_level="warning", lifespan="on"))
     task = asyncio.create_task(http_server.serve())
@@ -106,7 +119,7 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
         await asyncio.sleep(0.01)
     client = await stack.enter_async_context(
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
-    return Memgate(server.url, client, settings)
+    return Memgate(bus, client, settings)
 
 
 @pytest.fixture

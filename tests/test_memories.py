@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import nats
 import pytest
 
+from bus import BusClient, subjects
+from contracts import RememberResult
 from contracts.errors import (
     AgentMemoryDisabledError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
     InsufficientScopeError, NonRetainingWorkspaceError, NotFoundError, UnauthenticatedError,
@@ -74,10 +77,9 @@ async def test_lengths_of_spec_3_2_are_enforced(memgate: Memgate, transport: str
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "VALIDATION_ERROR"
     else:
-        from bus import BusClient, subjects
-        from contracts import RememberResult
-        import nats
-        nc = await nats.connect(memgate.nats_url)
+        credential = await memgate.nats_agent()
+        nc = await nats.connect(memgate.nats_url, nkeys_seed_str=credential["seed"],
+                                inbox_prefix=credential["inboxPrefix"])
         with pytest.raises(ValidationFailedError) as failure:
             await BusClient(nc).command(subjects.REMEMBER, token, body, RememberResult)
         assert failure.value.details["problems"]

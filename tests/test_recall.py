@@ -12,6 +12,7 @@ import nats
 import pytest
 import tantivy
 from faststream.nats import NatsBroker
+from faststream.security import SASLPlaintext
 from nats.aio.msg import Msg
 
 from actors.fusion import rrf
@@ -152,7 +153,7 @@ async def test_forget_removes_the_words_from_the_index_files(memgate: Memgate, t
 async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         memgate = await run_memgate(tmp_path, stack, skip=frozenset({"indexer.p0"}))
-        nc = await nats.connect(memgate.nats_url)
+        nc = await memgate.internal()
         stack.push_async_callback(nc.close)
         bus = BusClient(nc)
         owner = Owner(tenant="ws_restart", subject_id="mb_restart")
@@ -168,7 +169,8 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
             extra = [await remember(f"while the indexer was down {i}") for i in range(expected_extra)]
             first += extra
             async with AsyncExitStack() as run:
-                broker = NatsBroker(memgate.nats_url, logger=None)
+                broker = NatsBroker(memgate.nats_url, logger=None, security=SASLPlaintext(
+                    username=memgate.bus.options["user"], password=memgate.bus.options["password"]))
                 indexer = IndexerActor(partition="p0", root=root, bus=bus)
                 await indexer.start()
                 run.push_async_callback(indexer.stop)
@@ -186,7 +188,7 @@ async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -
     async with AsyncExitStack() as stack:
         memgate = await run_memgate(tmp_path, stack, skip=frozenset({"embedder.p0"}),
                                     recall_cosine_deadline_ms=300)
-        nc = await nats.connect(memgate.nats_url)
+        nc = await memgate.internal()
         stack.push_async_callback(nc.close)
 
         async def slow_embedder(msg: Msg) -> None:

@@ -52,14 +52,19 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
                        headers=owner_auth)
         token = (await http.post(f"/api/w/{ws}/credentials", headers=owner_auth, json={
             "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
-        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token) as agent:
+        nats_agent = (await http.post("/api/admin/nats-agents", json={"name": "bot"},
+                                      headers=auth)).json()
+        login = {"nats_seed": nats_agent["seed"], "inbox_prefix": nats_agent["inboxPrefix"]}
+        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token,
+                                               **login) as agent:
             await agent.remember("contacts", PERSONAL, key="jane")
             await agent.remember("prefs", "deploys on Fridays")
         openapi = (await http.get("/openapi.json")).json()
         assert "/api/agent/v1/memories/remember" in openapi["paths"]
 
     async with memgate_up(data, http_port, nats_port):
-        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token) as agent:
+        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token,
+                                               **login) as agent:
             texts = [m.text for m in (await agent.list()).memories]
     assert texts == ["deploys on Fridays", "Mail [EMAIL] or call [PHONE], card [CARD], "
                      "IBAN [BANK_ACCOUNT], id [IL_ID]"]
