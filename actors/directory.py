@@ -46,14 +46,16 @@ def check_grantable(role: Role, scopes: list[Scope]) -> None:
 class DirectoryActor:
     name = "directory"
 
-    def __init__(self, *, path: Path, admin_token_hash: str, bus: BusClient) -> None:
+    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: BusClient) -> None:
         self._path = path
         self._bus = bus
-        self._admin_hash = admin_token_hash
+        self._admin_token = admin_token  # read at start: only the directory needs it
+        self._admin_hash = ""
         self._serial = Serial("directory")
         self._store: DirectoryStore | None = None
 
     async def start(self) -> None:
+        self._admin_hash = hash_token(self._admin_token())
         self._store = await self._serial(DirectoryStore, self._path)
 
     async def stop(self) -> None:

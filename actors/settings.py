@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     partitions: int = Field(default=1, ge=1, le=64)
     request_timeout_s: float = 10.0
 
+    limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
+    limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace
+
     recall_window: int = Field(default=300, ge=1, le=5000)
     recall_rrf_k: int = Field(default=60, ge=1)
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)

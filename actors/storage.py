@@ -18,12 +18,16 @@ from actors.runtime import Serial, ready_route
 from bus import NatsRouter, parse, replying, subjects
 from bus.streams import EventPublisher
 from contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
-from contracts.errors import NotFoundError, ValidationFailedError
+from contracts.errors import (
+    AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
+)
 from contracts.internal import (
     Candidates, OwnedText, Owner, StoreForget, StoreQuery, StoreRemember, Texts,
     TextsRequest,
 )
-from storage import Filters, MemoryStore, Row, decode_cursor, encode_cursor
+from storage import (
+    Filters, LimitReached, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
+)
 
 log = logging.getLogger("memgate.storage")
 
@@ -35,8 +39,10 @@ def memory_of(row: Row) -> Memory:
 
 
 class StorageActor:
-    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher) -> None:
+    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher,
+                 limits: Limits = Limits()) -> None:
         self.partition = partition
+        self._limits = limits
         self.name = f"storage.{partition}"
         self._path = path
         self._publisher = publisher
@@ -99,11 +105,21 @@ class StorageActor:
             return MemoryStored(partition=self.partition, owner=owner, memory_id=memory_id,
                                 seq=seq).to_json()
 
-        stored = await self._serial(
-            lambda: self.store.remember(
-                filters, memory_id=memory_id, credential_id=command.credential_id,
-                text=command.text, retention_days=command.retention_days,
-                event_subject=subjects.memory_events(self.partition), event=event))
+        try:
+            stored = await self._serial(
+                lambda: self.store.remember(
+                    filters, memory_id=memory_id, credential_id=command.credential_id,
+                    text=command.text, retention_days=command.retention_days,
+                    event_subject=subjects.memory_events(self.partition), event=event,
+                    limits=self._limits))
+        except LimitReached as reached:
+            if reached.retry_after is not None:
+                raise RateLimitedError(
+                    f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
+                    {"retryAfterSeconds": reached.retry_after}) from None
+            raise AgentMemoryFullError(
+                f"at most {self._limits.versions_per_member} memory versions per member",
+                {"limit": self._limits.versions_per_member}) from None
         self._outbox.set()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)

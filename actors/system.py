@@ -25,7 +25,7 @@ from actors.storage import StorageActor
 from bus import BusClient, EmbeddedNats, subjects
 from bus.server import render_config
 from bus.streams import EventPublisher
-from storage.directory import hash_token
+from storage import Limits
 
 log = logging.getLogger("memgate")
 
@@ -47,7 +47,7 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
     data = settings.data_dir
     actors: list[Actor] = [
         DirectoryActor(path=data / "directory.duckdb",
-                       admin_token_hash=hash_token(admin_token(settings)), bus=bus),
+                       admin_token=lambda: admin_token(settings), bus=bus),
         GovernanceActor(bus=bus, partitions=settings.partitions),
         RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
                     rrf_k=settings.recall_rrf_k,
@@ -58,7 +58,9 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
     for partition in settings.partition_names():
         root = data / "partitions" / partition
         actors += [
-            StorageActor(partition=partition, path=root / "memories.duckdb", publisher=publisher),
+            StorageActor(partition=partition, path=root / "memories.duckdb", publisher=publisher,
+                         limits=Limits(settings.limit_remembers_per_hour,
+                                       settings.limit_versions_per_member)),
             IndexerActor(partition=partition, root=root / "text-index", bus=bus),
             EmbedderActor(partition=partition, path=root / "vectors.duckdb",
                           model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
@@ -94,8 +96,9 @@ def _internal_password(settings: Settings) -> str:
     return path.read_text().strip()
 
 
-async def start_system(settings: Settings, stack: AsyncExitStack,
-                       *, skip: frozenset[str] = frozenset()) -> Bus:
+async def start_system(settings: Settings, stack: AsyncExitStack, *,
+                       skip: frozenset[str] = frozenset(),
+                       only: frozenset[str] | None = None) -> Bus:
     """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor."""
     if settings.nats_url is not None:
         options: dict[str, Any] = {}
@@ -103,7 +106,7 @@ async def start_system(settings: Settings, stack: AsyncExitStack,
             options = {"user": settings.nats_user,
                        "password": settings.nats_password.get_secret_value()}
         bus = Bus(settings.nats_url, options)
-        await start_actors(settings, bus, stack, skip=skip)
+        await start_actors(settings, bus, stack, skip=skip, only=only)
         return bus
     password = _internal_password(settings)
     server = await stack.enter_async_context(EmbeddedNats(
@@ -115,8 +118,9 @@ async def start_system(settings: Settings, stack: AsyncExitStack,
 
 
 async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
-                       skip: frozenset[str] = frozenset(), server: EmbeddedNats | None = None) -> None:
-    """Start every actor of this process but those named in `skip`; `stack` stops them."""
+                       skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
+                       server: EmbeddedNats | None = None) -> None:
+    """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them."""
     nc = await nats.connect(bus.url, name="memgate-actors", **bus.options)
     stack.push_async_callback(nc.drain)
     client = BusClient(nc, timeout=settings.request_timeout_s)
@@ -131,7 +135,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                                        password=bus.options["password"])
         actors.append(authority)
     for actor in actors:
-        if actor.name in skip:
+        if actor.name in skip or (only is not None and actor.name not in only):
             continue
         await actor.start()
         stack.push_async_callback(actor.stop)
@@ -139,6 +143,6 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     await broker.start()
     stack.push_async_callback(broker.stop)
     await broker.connection.flush()  # every subscription is known to the server from here on
-    if authority is not None and "directory" not in skip:
+    if authority is not None and "directory" not in skip and only is None:
         await authority.sync()
     log.info("actors started on %s", bus.url)

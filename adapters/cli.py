@@ -103,6 +103,32 @@ def mcp_stdio(
         raise typer.Exit(1) from None
 
 
+async def run_actors(settings: Settings, only: frozenset[str]) -> None:
+    """Some actors, joined to an existing NATS: how memgate scales out, one kind at a time."""
+    async with AsyncExitStack() as stack:
+        await start_system(settings, stack, only=only)
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
+        typer.echo(f"memgate: {', '.join(sorted(only))} on {settings.nats_url}")
+        await stopped.wait()
+
+
+@app.command()
+def actors(
+    only: Annotated[str, typer.Option(help="comma-separated actor names, e.g. governance,recall")],
+    nats_url: Annotated[str, typer.Option("--nats", envvar="MEMGATE_NATS_URL",
+                                          help="the NATS that memgate runs on")],
+    data_dir: Annotated[Path | None, typer.Option(help="state of stateful actors")] = None,
+) -> None:
+    """Run more actors against a running memgate (internal login from MEMGATE_NATS_PASSWORD)."""
+    overrides: dict[str, Any] = {"nats_url": nats_url}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    asyncio.run(run_actors(Settings(**overrides), frozenset(only.split(","))))
+
+
 # --- admin: the same calls as the REST admin API ---
 
 Url = Annotated[str, typer.Option(envvar="MEMGATE_URL", help="memgate's HTTP address")]

@@ -39,6 +39,9 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
     with tempfile.TemporaryDirectory(prefix="memgate-bench-") as tmp:
         data, http_port, nats_port = Path(tmp) / "data", free_port(), free_port()
         env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN, "MEMGATE_NATS_PORT": str(nats_port),
+               # the benchmark loads thousands of memories with one credential
+               "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "1000000",
+               "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000",
                **env_overrides}
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "adapters", "up", "--data-dir", str(data),

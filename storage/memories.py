@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS memories (
     expires_at     TIMESTAMP NOT NULL,
     legal_hold     BOOLEAN   NOT NULL
 );
+CREATE TABLE IF NOT EXISTS remember_log (  -- for the hourly rate limit; forget does not erase it
+    credential_id VARCHAR   NOT NULL,
+    remembered_at TIMESTAMP NOT NULL
+);
 CREATE TABLE IF NOT EXISTS outbox (
     seq     BIGINT  NOT NULL,
     subject VARCHAR NOT NULL,
@@ -58,6 +62,21 @@ class Stored:
     seq: int
     created_at: datetime
     superseded: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    remembers_per_hour: int = 120  # per credential
+    versions_per_member: int = 5000  # per member and workspace, every version counted
+
+
+class LimitReached(Exception):
+    """A remember refused by a limit; `retry_after` seconds for the rate limit, else None."""
+
+    def __init__(self, limit: str, retry_after: int | None = None) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -114,13 +133,36 @@ class MemoryStore:
         self._seq += 1
         return self._seq, now
 
+    def _check_limits(self, filters: Filters, credential_id: str, now: datetime,
+                      limits: Limits) -> None:
+        """Counted in the partition's single writer, so they hold however many governance
+        processes there are."""
+        db = self._db
+        hour_ago = now - timedelta(hours=1)
+        db.execute("DELETE FROM remember_log WHERE credential_id = ? AND remembered_at <= ?",
+                   [credential_id, hour_ago])
+        recent, oldest = db.execute(
+            "SELECT count(*), min(remembered_at) FROM remember_log WHERE credential_id = ?",
+            [credential_id]).fetchone()
+        if recent >= limits.remembers_per_hour:
+            raise LimitReached("rate", max(1, int((oldest - hour_ago).total_seconds()) + 1))
+        versions = db.execute("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
+                              [filters.tenant, filters.subject_id]).fetchone()[0]
+        if versions >= limits.versions_per_member:
+            raise LimitReached("versions")
+
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
-                 retention_days: int, event_subject: str, event: Callable[[int], bytes]) -> Stored:
-        """Insert a version, supersede the live one of the same key, queue the event: one commit."""
-        seq, now = self._next()
+                 retention_days: int, event_subject: str, event: Callable[[int], bytes],
+                 limits: Limits = Limits()) -> Stored:
+        """Check the limits, insert a version, supersede the live one of the same key, queue
+        the event: one transaction."""
         db = self._db
         db.begin()
         try:
+            self._check_limits(filters, credential_id, datetime.now(UTC).replace(tzinfo=None),
+                               limits)
+            seq, now = self._next()
+            db.execute("INSERT INTO remember_log VALUES (?, ?)", [credential_id, now])
             superseded = 0
             if filters.key is not None:
                 superseded = len(db.execute(
