@@ -11,19 +11,19 @@ import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from actors.runtime import Serial, ready_route
+from actors.runtime import Serial, partition_of, ready_route
 from bus import BusClient, NatsRouter, parse, replying, subjects
 from bus.server import PUBLIC_COMMANDS, new_agent_seed
 from contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
-    Done, Envelope, MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
+    DeleteOwnMemories, Done, Envelope, ForgetResult, ListRequest, ListResult, MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
     PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
 from contracts.errors import (
     ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
     UnavailableError, ValidationFailedError,
 )
-from contracts.internal import PrincipalRequest
+from contracts.internal import Owner, PrincipalRequest, StorePurge, StoreQuery
 from storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
 
 AdminHandler = Callable[[Envelope], Awaitable[Contract]]
@@ -46,8 +46,10 @@ def check_grantable(role: Role, scopes: list[Scope]) -> None:
 class DirectoryActor:
     name = "directory"
 
-    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: BusClient) -> None:
+    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: BusClient,
+                 partitions: int = 1) -> None:
         self._path = path
+        self._partitions = partitions
         self._bus = bus
         self._admin_token = admin_token  # read at start: only the directory needs it
         self._admin_hash = ""
@@ -80,6 +82,9 @@ class DirectoryActor:
             "credentials.revoke": self.revoke_credential,
             "settings.get": self.get_settings,
             "settings.put": self.put_settings,
+            "self.list": self.list_own_memories,
+            "self.delete": self.delete_own_memories,
+            "owner.purge": self.purge_workspace_memories,
             "nats.create": self.create_nats_agent,
             "nats.revoke": self.revoke_nats_agent,
         }
@@ -253,3 +258,32 @@ class DirectoryActor:
             raise NotFoundError("no such NATS agent")
         await self._apply_nats_agents()
         return Done()
+
+    # --- what a member sees and deletes of their own memories; the owner's blind purge (§2.3).
+    # These work while agent memories are disabled: they are the member's, not the agent's.
+
+    def _storage(self, workspace_id: str, operation: str) -> str:
+        return subjects.store(partition_of(workspace_id, self._partitions), operation)
+
+    async def list_own_memories(self, envelope: Envelope) -> ListResult:
+        member = await self._serial(self._member, envelope)
+        request = parse(ListRequest, envelope.body)
+        query = StoreQuery(owner=Owner(tenant=member.workspace_id, subject_id=member.member_id),
+                           namespace=request.namespace, key=request.key,
+                           collection_id=request.collection_id, as_of=request.as_of,
+                           limit=request.limit, cursor=request.cursor)
+        return await self._bus.request(self._storage(member.workspace_id, "list"), query, ListResult)
+
+    async def delete_own_memories(self, envelope: Envelope) -> ForgetResult:
+        member = await self._serial(self._member, envelope)
+        request = parse(DeleteOwnMemories, envelope.body)
+        purge = StorePurge(tenant=member.workspace_id, subject_id=member.member_id,
+                           memory_ids=request.memory_ids)
+        return await self._bus.request(self._storage(member.workspace_id, "purge"), purge,
+                                       ForgetResult)
+
+    async def purge_workspace_memories(self, envelope: Envelope) -> ForgetResult:
+        owner = await self._serial(lambda: self._member(envelope, owner=True))
+        purge = StorePurge(tenant=owner.workspace_id)
+        return await self._bus.request(self._storage(owner.workspace_id, "purge"), purge,
+                                       ForgetResult)

@@ -13,6 +13,7 @@ import logging
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from actors.runtime import Serial, ready_route
 from bus import NatsRouter, parse, replying, subjects
@@ -22,7 +23,7 @@ from contracts.errors import (
     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
 )
 from contracts.internal import (
-    Candidates, OwnedText, Owner, StoreForget, StoreQuery, StoreRemember, Texts,
+    Candidates, OwnedText, Owner, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
     TextsRequest,
 )
 from storage import (
@@ -75,6 +76,7 @@ class StorageActor:
         for operation, handler in {
             "remember": self.remember, "list": self.list, "forget": self.forget,
             "candidates": self.candidates, "texts": self.texts,
+            "purge": self.purge,
         }.items():
             router.subscriber(subjects.store(self.partition, operation))(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
@@ -155,19 +157,31 @@ class StorageActor:
             texts=[r.text for r in rows], created_at=[r.created_at for r in rows],
             superseded_at=[r.superseded_at for r in rows])
 
+    def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
+        def event(owner: str, ids: list[str]) -> bytes:
+            return MemoriesDeleted(partition=self.partition,
+                                   owner=Owner(tenant=tenant, subject_id=owner),
+                                   memory_ids=ids).to_json()
+
+        return self.store.delete(tenant, subject_id, **conditions,
+                                 event_subject=subjects.memory_events(self.partition), event=event)
+
     async def forget(self, payload: bytes) -> ForgetResult:
         command = parse(StoreForget, payload)
-        owner: Owner = command.owner
-        filters = Filters(owner.tenant, owner.subject_id, command.namespace, command.key)
-
-        def event(ids: list[str]) -> bytes:
-            return MemoriesDeleted(partition=self.partition, owner=owner, memory_ids=ids).to_json()
-
-        deleted = await self._serial(lambda: self.store.forget(
-            filters, command.memory_id, event_subject=subjects.memory_events(self.partition),
-            event=event))
+        deleted = await self._serial(lambda: self._delete(
+            command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
+            namespace=command.namespace, key=command.key))
         if not deleted:
             raise NotFoundError("no such memory")
+        self._outbox.set()
+        return ForgetResult(deleted=len(deleted))
+
+    async def purge(self, payload: bytes) -> ForgetResult:
+        """Delete without reading: a member's own memories (all, or some ids), or a whole
+        workspace's (the owner's bulk delete, SPEC §2.3). Only a count comes back."""
+        command = parse(StorePurge, payload)
+        deleted = await self._serial(lambda: self._delete(
+            command.tenant, command.subject_id, memory_ids=command.memory_ids))
         self._outbox.set()
         return ForgetResult(deleted=len(deleted))
 

@@ -47,7 +47,8 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
     data = settings.data_dir
     actors: list[Actor] = [
         DirectoryActor(path=data / "directory.duckdb",
-                       admin_token=lambda: admin_token(settings), bus=bus),
+                       admin_token=lambda: admin_token(settings), bus=bus,
+                       partitions=settings.partitions),
         GovernanceActor(bus=bus, partitions=settings.partitions),
         RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
                     rrf_k=settings.recall_rrf_k,

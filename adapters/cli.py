@@ -83,17 +83,19 @@ def mcp_stdio(
                                           help="the NATS memgate runs on")] = "nats://127.0.0.1:4222",
     token: Annotated[str | None, typer.Option(envvar="MEMGATE_TOKEN",
                                               help="the agent credential")] = None,
-    nats_user: Annotated[str | None, typer.Option(envvar="MEMGATE_NATS_USER",
-                                                  help="NATS login, if the server needs one")] = None,
-    nats_password: Annotated[str | None, typer.Option(envvar="MEMGATE_NATS_PASSWORD",
-                                                      help="NATS password")] = None,
+    nats_seed: Annotated[str | None, typer.Option(
+        envvar="MEMGATE_NATS_SEED", help="the agent's NATS NKey seed (admin nats-credential)")] = None,
+    inbox_prefix: Annotated[str | None, typer.Option(
+        envvar="MEMGATE_NATS_INBOX_PREFIX", help="the inbox prefix that goes with the seed")] = None,
 ) -> None:
     """Serve the memory tools to an MCP client over stdin/stdout (stdout carries only MCP)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options: dict[str, Any] = {}
-    if nats_user is not None or nats_password is not None:
-        options.update(user=nats_user, password=nats_password)
+    if nats_seed is not None:
+        options["nkeys_seed_str"] = nats_seed
+    if inbox_prefix is not None:
+        options["inbox_prefix"] = inbox_prefix
     try:
         asyncio.run(serve_stdio(nats_url, token, nats_options=options))
     except KeyboardInterrupt:

@@ -20,7 +20,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from adapters.mcp_server import McpHttpEndpoint
 from bus import BusClient, subjects
 from contracts import (
-    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, NatsAgentCreated, CredentialCreated, Done,
+    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, DeleteOwnMemories,
+    NatsAgentCreated, CredentialCreated, Done,
     ForgetRequest, ForgetResult, ListRequest, ListResult, MemberToken, MemberView, MemgateError,
     PatchMember, RecallRequest, RecallResult, RememberRequest, RememberResult, SettingsUpdate,
     WorkspaceCreated, WorkspaceSettings,
@@ -139,6 +140,26 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def put_settings(wsId: str, body: SettingsUpdate,  # noqa: N803
                            token: Token) -> WorkspaceSettings:
         return await call(subjects.admin("settings.put"), WorkspaceSettings, token, body, wsId=wsId)
+
+    # --- a member's own agent memories, and the owner's blind purge (SPEC §2.3) ---
+
+    @app.get("/api/w/{wsId}/ask-history/agent-memories", tags=["self-service"])
+    async def list_own_memories(wsId: str, token: Token, limit: int = 20,  # noqa: N803
+                                cursor: str | None = None,
+                                namespace: str | None = None) -> ListResult:
+        body = {k: v for k, v in {"limit": limit, "cursor": cursor, "namespace": namespace}.items()
+                if v is not None}
+        return await call(subjects.admin("self.list"), ListResult, token, body, wsId=wsId)
+
+    @app.delete("/api/w/{wsId}/ask-history/agent-memories", tags=["self-service"])
+    async def delete_own_memories(wsId: str, token: Token,  # noqa: N803
+                                  body: DeleteOwnMemories | None = None) -> ForgetResult:
+        return await call(subjects.admin("self.delete"), ForgetResult, token,
+                          body or DeleteOwnMemories(), wsId=wsId)
+
+    @app.delete("/api/w/{wsId}/ask-history/settings/agent-memories", tags=["settings"])
+    async def purge_workspace_memories(wsId: str, token: Token) -> ForgetResult:  # noqa: N803
+        return await call(subjects.admin("owner.purge"), ForgetResult, token, {}, wsId=wsId)
 
     @app.post("/api/admin/nats-agents", tags=["admin"])
     async def create_nats_agent(body: CreateNatsAgent, token: Token) -> NatsAgentCreated:

@@ -9,6 +9,7 @@ from contracts.directory import (
 from contracts.errors import ERROR_TYPES, HTTP_STATUS, ErrorCode, MemgateError, error_for
 from contracts.events import MemoriesDeleted, MemoryStored
 from contracts.memory import (
+    DeleteOwnMemories,
     ForgetRequest, ForgetResult, ListRequest, ListResult, Memory, Ranks, RecallRequest,
     RecalledMemory, RecallResult, RememberRequest, RememberResult,
 )
@@ -16,7 +17,7 @@ from contracts.reply import REPLY, Envelope, ErrorBody, Failure, Ok
 
 __all__ = [
     "ERROR_TYPES", "HTTP_STATUS", "REPLY", "AddMember", "Contract", "CreateCredential",
-    "CreateNatsAgent", "CreateWorkspace", "NatsAgentCreated", "NatsAgentKey", "NatsAgents", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
+    "CreateNatsAgent", "CreateWorkspace", "DeleteOwnMemories", "NatsAgentCreated", "NatsAgentKey", "NatsAgents", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
     "Failure", "ForgetRequest", "ForgetResult", "ListRequest", "ListResult", "MemberToken",
     "MemberView", "MemgateError", "MemoriesDeleted", "Memory", "MemoryStored", "Ok",
     "PatchMember", "Principal", "Ranks", "RecallRequest", "RecallResult", "RecalledMemory",

@@ -45,6 +45,12 @@ class StoreForget(Contract):
     key: str | None = None
 
 
+class StorePurge(Contract):
+    tenant: str
+    subject_id: str | None = None  # None: every member of the workspace
+    memory_ids: list[str] | None = Field(default=None, max_length=1000)  # None: all
+
+
 class Candidates(Contract):
     """Recall's window, newest first, as columns (one parse for 300 rows, not 300 models)."""
 

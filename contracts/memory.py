@@ -57,6 +57,12 @@ class ForgetRequest(Contract):
         return self
 
 
+class DeleteOwnMemories(Contract):
+    """Self-service delete (SPEC §2.3): the listed ids, or every agent memory of the member."""
+
+    memory_ids: list[str] | None = Field(default=None, min_length=1, max_length=1000)
+
+
 class Memory(Contract):
     """A memory as returned to an agent: never evidence, never trusted (SPEC §3.7)."""
 

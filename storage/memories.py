@@ -209,29 +209,38 @@ class MemoryStore:
         ).fetchall()
         return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7])) for r in rows]
 
-    def forget(self, filters: Filters, memory_id: str | None, *, event_subject: str,
-               event: Callable[[list[str]], bytes]) -> list[str]:
-        """Hard-delete one version (by id) or every version of a key, queueing the event."""
-        if memory_id is not None:
-            cond, params = "memory_id = ?", [memory_id]
-        else:
-            cond, params = "namespace = ? AND key = ?", [filters.namespace, filters.key]
+    def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
+               namespace: str | None = None, key: str | None = None,
+               memory_ids: list[str] | None = None, event_subject: str,
+               event: Callable[[str, list[str]], bytes]) -> list[str]:
+        """Hard-delete the versions that match every given condition (none: the whole tenant),
+        except those on legal hold; one event per owner, in the same transaction."""
+        clauses, params = ["tenant = ?", "legal_hold = false"], [tenant]
+        for column, value in (("subject_id", subject_id), ("memory_id", memory_id),
+                              ("namespace", namespace), ("key", key)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if memory_ids is not None:
+            clauses.append("list_contains(?, memory_id)")
+            params.append(memory_ids)
         db = self._db
         db.begin()
         try:
-            ids = [r[0] for r in db.execute(
-                f"DELETE FROM memories WHERE tenant = ? AND subject_id = ? AND {cond} "
-                "AND legal_hold = false RETURNING memory_id",
-                [filters.tenant, filters.subject_id, *params],
-            ).fetchall()]
-            if ids:
+            rows = db.execute(f"DELETE FROM memories WHERE {' AND '.join(clauses)} "
+                              "RETURNING subject_id, memory_id", params).fetchall()
+            by_owner: dict[str, list[str]] = {}
+            for owner, deleted in rows:
+                by_owner.setdefault(owner, []).append(deleted)
+            for owner, ids in by_owner.items():
                 self._seq += 1
-                db.execute("INSERT INTO outbox VALUES (?, ?, ?)", [self._seq, event_subject, event(ids)])
+                db.execute("INSERT INTO outbox VALUES (?, ?, ?)",
+                           [self._seq, event_subject, event(owner, ids)])
             db.commit()
         except BaseException:
             db.rollback()
             raise
-        return ids
+        return [deleted for _, deleted in rows]
 
     def texts(self, tenant: str, subject_id: str, memory_ids: list[str] | None) -> list[tuple[str, int, str]]:
         sql = "SELECT memory_id, seq, text FROM memories WHERE tenant = ? AND subject_id = ?"
