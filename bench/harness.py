@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import nats
 
+from bus import MemgateClient
+
 ADMIN = "bench-operator-token"
 
 
@@ -32,6 +34,18 @@ class Running:
     http_url: str
     http: httpx.AsyncClient
     data_dir: Path
+
+    def internal_login(self) -> dict[str, str]:
+        """The internal user's login (the benchmark runs on the same machine as memgate)."""
+        password = (self.data_dir / "nats" / "internal.secret").read_text().strip()
+        return {"user": "memgate", "password": password}
+
+    async def agent(self, token: str) -> MemgateClient:
+        """An agent on the bus, with a NATS login of its own."""
+        login = (await self.http.post("/api/admin/nats-agents", json={"name": "bench"},
+                                      headers={"Authorization": f"Bearer {ADMIN}"})).json()
+        return await MemgateClient.connect(self.nats_url, token, nats_seed=login["seed"],
+                                           inbox_prefix=login["inboxPrefix"])
 
 
 @asynccontextmanager
@@ -76,10 +90,11 @@ async def agent_token(running: Running) -> str:
     return str(created["token"])
 
 
-async def consumers_idle(nats_url: str, durables: Sequence[str] = ("indexer-p0", "embedder-p0"),
+async def consumers_idle(running: Running,
+                         durables: Sequence[str] = ("indexer-p0", "embedder-p0"),
                          timeout: float = 600) -> float:
     """Seconds until every durable consumer has nothing pending or unacknowledged."""
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(running.nats_url, **running.internal_login())
     js = nc.jetstream()
     started = asyncio.get_running_loop().time()
     try:

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from bench.harness import HEADER, agent_token, consumers_idle, memgate_up, row
-from bus import MemgateClient
 
 WORDS = ("deploy database meeting customer release staging budget design review incident "
          "migration invoice roadmap hiring laptop vacation lunch coffee metrics dashboard "
@@ -44,7 +43,7 @@ async def run(size: int, queries: int) -> list[str]:
     async with memgate_up() as running:
         token = await agent_token(running)
         auth = {"Authorization": f"Bearer {token}"}
-        async with await MemgateClient.connect(running.nats_url, token) as agent:
+        async with await running.agent(token) as agent:
             gate = asyncio.Semaphore(8)
 
             async def load(i: int) -> None:
@@ -54,7 +53,7 @@ async def run(size: int, queries: int) -> list[str]:
             started = time.perf_counter()
             await asyncio.gather(*(load(i) for i in range(size)))
             load_s = time.perf_counter() - started
-            lag_s = await consumers_idle(running.nats_url)
+            lag_s = await consumers_idle(running)
             lines.append(f"N={size}: loaded in {load_s:.1f} s = {size / load_s:.0f} remembers/s "
                          f"(8 in flight); indexer+embedder drained {lag_s:.2f} s after the last "
                          "remember returned")

@@ -17,7 +17,7 @@ from pathlib import Path
 import nats
 
 from bench.harness import agent_token, consumers_idle, memgate_up
-from bus import BusClient, MemgateClient
+from bus import BusClient
 from contracts import Principal
 from contracts.internal import Candidates, Owner, PrincipalRequest, RankRequest, Ranking, StoreQuery
 from storage.directory import hash_token
@@ -33,18 +33,18 @@ def hit(ranked: list[str], relevant: set[str], k: int) -> bool:
 async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type: ignore[type-arg]
     async with memgate_up() as running:
         token = await agent_token(running)
-        nc = await nats.connect(running.nats_url)
+        nc = await nats.connect(running.nats_url, **running.internal_login())
         bus = BusClient(nc)
         principal = await bus.request("mem.int.dir.principal",
                                       PrincipalRequest(token_hash=hash_token(token)), Principal)
         owner = Owner(tenant=principal.workspace_id, subject_id=principal.member_id)
         results: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
-        async with await MemgateClient.connect(running.nats_url, token) as agent:
+        async with await running.agent(token) as agent:
             ids = {}
             for memory in labelled["memories"]:
                 stored = await agent.remember(memory["namespace"], memory["text"])
                 ids[stored.memory_id] = memory["id"]
-            await consumers_idle(running.nats_url)
+            await consumers_idle(running)
             candidates = await bus.request("mem.int.store.p0.candidates",
                                            StoreQuery(owner=owner, limit=300), Candidates)
             for query in labelled["queries"]:
