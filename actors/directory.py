@@ -23,7 +23,9 @@ from contracts.errors import (
     ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
     UnavailableError, ValidationFailedError,
 )
-from contracts.internal import Owner, PrincipalRequest, StorePurge, StoreQuery
+from contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
+from contracts.registry import Scope as ContextScope
+from contracts.registry import ScopeRequest
 from storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
 
 AdminHandler = Callable[[Envelope], Awaitable[Contract]]
@@ -74,6 +76,7 @@ class DirectoryActor:
         router = NatsRouter()
         router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
         router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
+        router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
             "members.add": self.add_member,
@@ -120,6 +123,24 @@ class DirectoryActor:
             context_set_id=credential.context_set_id, settings=_settings(workspace))
 
     # --- who is calling an admin command ---
+
+    async def owner_check(self, payload: bytes) -> Done:
+        """For the registry: the operator, or the owner of the workspace, may change it."""
+        check = parse(OwnerCheck, payload)
+        if secrets.compare_digest(check.token_hash, self._admin_hash):
+            return Done()
+
+        def as_owner() -> Done:
+            member = self.store.member_by_token(check.token_hash)
+            if member is None:
+                raise UnauthenticatedError("unknown token")
+            if member.workspace_id != check.workspace_id:
+                raise NotFoundError("no such workspace")
+            if member.role != Role.OWNER:
+                raise ForbiddenError("only the workspace owner may do this")
+            return Done()
+
+        return await self._serial(as_owner)
 
     def _operator(self, token: str | None) -> None:
         if not token or not secrets.compare_digest(hash_token(token), self._admin_hash):
@@ -179,7 +200,11 @@ class DirectoryActor:
     async def create_credential(self, envelope: Envelope) -> CredentialCreated:
         body = parse(CreateCredential, envelope.body)
         if body.context_set_id is not None:
-            raise NotFoundError("no such context set", {"field": "contextSetId"})
+            scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
+                workspace_id=envelope.params.get("wsId", ""), context_set_id=body.context_set_id),
+                ContextScope)
+            if not scope.exists:
+                raise NotFoundError("no such context set", {"field": "contextSetId"})
         if len(set(body.scopes)) != len(body.scopes):
             raise ValidationFailedError("scopes must not repeat")
 

@@ -18,12 +18,15 @@ from contracts import (
 )
 from contracts.errors import (
     AgentMemoryDisabledError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
-    InsufficientScopeError, NonRetainingWorkspaceError, UnauthenticatedError,
-    ValidationFailedError,
+    ContextSetScopeRefusedError, InsufficientScopeError, NonRetainingWorkspaceError,
+    UnauthenticatedError,
 )
 from contracts.internal import (
     Owner, PrincipalRequest, RecallQuery, StoreForget, StoreQuery, StoreRemember,
 )
+from actors.verification import reverify
+from contracts.registry import CheckRemember, Citation, Citations, ScopeRequest
+from contracts.registry import Scope as ContextScope
 from storage.directory import hash_token
 
 QUEUE = "governance"
@@ -83,6 +86,18 @@ class GovernanceActor:
         authorise(principal, scope)
         return principal
 
+    async def _scope(self, principal: Principal, collection_id: str | None) -> list[str] | None:
+        """A bound credential's collections as its context set is now (None when unbound);
+        an explicit collection outside the set is refused (SPEC §3.8)."""
+        if principal.context_set_id is None:
+            return None
+        scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
+            workspace_id=principal.workspace_id, context_set_id=principal.context_set_id),
+            ContextScope)
+        if collection_id is not None and collection_id not in scope.collection_ids:
+            raise ContextSetScopeRefusedError("the collection is outside the bound context set")
+        return scope.collection_ids
+
     def _store(self, principal: Principal, operation: str) -> str:
         return subjects.store(partition_of(principal.workspace_id, self._partitions), operation)
 
@@ -94,20 +109,22 @@ class GovernanceActor:
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.WRITE)
         request = parse(RememberRequest, envelope.body)
-        refuse_personal_data(namespace=request.namespace, key=request.key,
-                             collectionId=request.collection_id)
-        if request.citations:
-            raise ValidationFailedError("citations need registered passages; none are known",
-                                        {"field": "citations"})
+        refuse_personal_data(namespace=request.namespace, key=request.key)
         masked = mask(request.text)
         if masked.only_placeholders:
             raise AgentMemoryEmptyError("nothing is left of the text after masking",
                                         {"masked": masked.counts})
+        citations: list[Citation] = []
+        if request.collection_id or request.citations or principal.context_set_id:
+            citations = (await self._bus.request(subjects.registry("check_remember"), CheckRemember(
+                workspace_id=principal.workspace_id, context_set_id=principal.context_set_id,
+                collection_id=request.collection_id, passage_ids=request.citations),
+                Citations)).citations
         command = StoreRemember(
             owner=self._owner(principal), credential_id=principal.credential_id,
             namespace=request.namespace, key=request.key, collection_id=request.collection_id,
             text=masked.text, masked=masked.counts,
-            retention_days=principal.settings.retention_days)
+            retention_days=principal.settings.retention_days, citations=citations)
         return await self._bus.request(self._store(principal, "remember"), command, RememberResult)
 
     async def list(self, payload: bytes) -> ListResult:
@@ -116,15 +133,20 @@ class GovernanceActor:
         request = parse(ListRequest, envelope.body)
         query = StoreQuery(owner=self._owner(principal), namespace=request.namespace,
                            key=request.key, collection_id=request.collection_id,
+                           collection_ids=await self._scope(principal, request.collection_id),
                            as_of=request.as_of, limit=request.limit, cursor=request.cursor)
-        return await self._bus.request(self._store(principal, "list"), query, ListResult)
+        page = await self._bus.request(self._store(principal, "list"), query, ListResult)
+        verified = await reverify(self._bus, principal.workspace_id, principal.context_set_id,
+                                  page.memories)
+        return page.model_copy(update={"memories": verified.memories, "hidden": verified.hidden})
 
     async def forget(self, payload: bytes) -> ForgetResult:
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.WRITE)
         request = parse(ForgetRequest, envelope.body)
         command = StoreForget(owner=self._owner(principal), memory_id=request.memory_id,
-                              namespace=request.namespace, key=request.key)
+                              namespace=request.namespace, key=request.key,
+                              collection_ids=await self._scope(principal, None))
         return await self._bus.request(self._store(principal, "forget"), command, ForgetResult)
 
     async def recall(self, payload: bytes) -> RecallResult:
@@ -133,5 +155,7 @@ class GovernanceActor:
         request = parse(RecallRequest, envelope.body)
         query = RecallQuery(owner=self._owner(principal), query=mask(request.query).text,
                             namespace=request.namespace, collection_id=request.collection_id,
+                            collection_ids=await self._scope(principal, request.collection_id),
+                            context_set_id=principal.context_set_id,
                             as_of=request.as_of, limit=request.limit)
         return await self._bus.request(subjects.recall_internal(), query, RecallResult)

@@ -9,6 +9,7 @@ makes resending harmless.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryS
 from contracts.errors import (
     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
 )
+from contracts.registry import Citation
 from contracts.internal import (
     Candidates, OwnedText, Owner, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
     TextsRequest,
@@ -33,10 +35,14 @@ from storage import (
 log = logging.getLogger("memgate.storage")
 
 
+def citations_of(row: Row) -> list[Citation]:
+    return [Citation.model_validate(c) for c in json.loads(row.citations)]
+
+
 def memory_of(row: Row) -> Memory:
     return Memory(memory_id=row.memory_id, namespace=row.namespace, key=row.key, text=row.text,
                   collection_id=row.collection_id, created_at=row.created_at,
-                  superseded_at=row.superseded_at)
+                  superseded_at=row.superseded_at, citations=citations_of(row))
 
 
 class StorageActor:
@@ -113,7 +119,8 @@ class StorageActor:
                     filters, memory_id=memory_id, credential_id=command.credential_id,
                     text=command.text, retention_days=command.retention_days,
                     event_subject=subjects.memory_events(self.partition), event=event,
-                    limits=self._limits))
+                    limits=self._limits,
+                    citations=[c.model_dump(by_alias=True) for c in command.citations]))
         except LimitReached as reached:
             if reached.retry_after is not None:
                 raise RateLimitedError(
@@ -129,7 +136,8 @@ class StorageActor:
     @staticmethod
     def _filters(query: StoreQuery) -> Filters:
         return Filters(query.owner.tenant, query.owner.subject_id, query.namespace, query.key,
-                       query.collection_id)
+                       query.collection_id,
+                       None if query.collection_ids is None else tuple(query.collection_ids))
 
     async def list(self, payload: bytes) -> ListResult:
         query = parse(StoreQuery, payload)
@@ -155,7 +163,8 @@ class StorageActor:
             memory_ids=[r.memory_id for r in rows], namespaces=[r.namespace for r in rows],
             keys=[r.key for r in rows], collection_ids=[r.collection_id for r in rows],
             texts=[r.text for r in rows], created_at=[r.created_at for r in rows],
-            superseded_at=[r.superseded_at for r in rows])
+            superseded_at=[r.superseded_at for r in rows],
+            citations=[citations_of(r) for r in rows])
 
     def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
         def event(owner: str, ids: list[str]) -> bytes:
@@ -170,7 +179,8 @@ class StorageActor:
         command = parse(StoreForget, payload)
         deleted = await self._serial(lambda: self._delete(
             command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
-            namespace=command.namespace, key=command.key))
+            namespace=command.namespace, key=command.key,
+            collection_ids=None if command.collection_ids is None else tuple(command.collection_ids)))
         if not deleted:
             raise NotFoundError("no such memory")
         self._outbox.set()

@@ -19,6 +19,7 @@ from actors.governance import GovernanceActor
 from actors.indexer import IndexerActor
 from actors.nats_auth import NatsAuthorityActor
 from actors.recall import RecallActor
+from actors.registry import RegistryActor
 from actors.runtime import Actor
 from actors.settings import Settings
 from actors.storage import StorageActor
@@ -50,6 +51,7 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
                        admin_token=lambda: admin_token(settings), bus=bus,
                        partitions=settings.partitions),
         GovernanceActor(bus=bus, partitions=settings.partitions),
+        RegistryActor(path=data / "registry.duckdb", bus=bus),
         RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
                     rrf_k=settings.recall_rrf_k,
                     cosine_deadline_ms=settings.recall_cosine_deadline_ms,
@@ -72,7 +74,7 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "governance", "recall"]
+    names = ["directory", "governance", "recall", "registry"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

@@ -28,6 +28,10 @@ from contracts import (
 )
 from contracts.errors import ErrorCode, ValidationFailedError
 from contracts.internal import Ready
+from contracts.registry import (
+    CollectionCreated, ContextSetIn, ContextSetSaved, CreateCollection, DocumentVersion,
+    PutDocument,
+)
 
 T = TypeVar("T", bound=Contract)
 _bearer = HTTPBearer(auto_error=False, description="an agent credential or a member token")
@@ -140,6 +144,42 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def put_settings(wsId: str, body: SettingsUpdate,  # noqa: N803
                            token: Token) -> WorkspaceSettings:
         return await call(subjects.admin("settings.put"), WorkspaceSettings, token, body, wsId=wsId)
+
+    # --- the registry: collections, documents, context sets (owner or operator) ---
+
+    @app.post("/api/w/{wsId}/collections", tags=["registry"])
+    async def create_collection(wsId: str, body: CreateCollection,  # noqa: N803
+                                token: Token) -> CollectionCreated:
+        return await call(subjects.admin("registry.collections.create"), CollectionCreated, token,
+                          body, wsId=wsId)
+
+    @app.delete("/api/w/{wsId}/collections/{collectionId}", tags=["registry"])
+    async def delete_collection(wsId: str, collectionId: str, token: Token) -> Done:  # noqa: N803
+        return await call(subjects.admin("registry.collections.delete"), Done, token, {},
+                          wsId=wsId, collectionId=collectionId)
+
+    @app.put("/api/w/{wsId}/documents/{documentId}", tags=["registry"])
+    async def put_document(wsId: str, documentId: str, body: PutDocument,  # noqa: N803
+                           token: Token) -> DocumentVersion:
+        return await call(subjects.admin("registry.documents.put"), DocumentVersion, token, body,
+                          wsId=wsId, documentId=documentId)
+
+    @app.delete("/api/w/{wsId}/documents/{documentId}", tags=["registry"])
+    async def delete_document(wsId: str, documentId: str, token: Token) -> Done:  # noqa: N803
+        return await call(subjects.admin("registry.documents.delete"), Done, token, {},
+                          wsId=wsId, documentId=documentId)
+
+    @app.post("/api/w/{wsId}/context-sets", tags=["registry"])
+    async def create_context_set(wsId: str, body: ContextSetIn,  # noqa: N803
+                                 token: Token) -> ContextSetSaved:
+        return await call(subjects.admin("registry.context_sets.save"), ContextSetSaved, token,
+                          body, wsId=wsId)
+
+    @app.put("/api/w/{wsId}/context-sets/{contextSetId}", tags=["registry"])
+    async def update_context_set(wsId: str, contextSetId: str, body: ContextSetIn,  # noqa: N803
+                                 token: Token) -> ContextSetSaved:
+        return await call(subjects.admin("registry.context_sets.save"), ContextSetSaved, token,
+                          body, wsId=wsId, contextSetId=contextSetId)
 
     # --- a member's own agent memories, and the owner's blind purge (SPEC §2.3) ---
 

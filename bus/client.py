@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import nats
+from pydantic import ValidationError
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bus import subjects
-from bus.replies import decode_reply
+from bus.replies import decode_reply, validation_failure
 from bus.streams import BatchHandler, DurableConsumer
 from contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
@@ -21,6 +23,14 @@ from contracts import (
 from contracts.errors import UnavailableError
 
 T = TypeVar("T", bound=Contract)
+
+
+def _build(model: type[T], **fields: Any) -> T:
+    """A request built on the agent's side fails as the server would: `ValidationFailedError`."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise validation_failure(exc) from None
 
 
 class BusClient:
@@ -40,6 +50,10 @@ class BusClient:
         except NatsTimeoutError:
             raise UnavailableError("the request timed out", {"subject": subject}) from None
         return decode_reply(msg.data, result_type)
+
+    async def publish(self, subject: str, fact: dict[str, Any]) -> None:
+        """Announce a fact (ids only) on a subject; events subjects are kept by JetStream."""
+        await self._nc.publish(subject, json.dumps(fact).encode())
 
     def consumer(self, subject: str, durable: str, handler: BatchHandler,
                  *, batch_size: int = 64) -> DurableConsumer:
@@ -82,27 +96,27 @@ class MemgateClient:
     async def remember(self, namespace: str, text: str, *, key: str | None = None,
                        collection_id: str | None = None,
                        citations: list[str] | None = None) -> RememberResult:
-        body = RememberRequest(namespace=namespace, text=text, key=key,
-                               collection_id=collection_id, citations=citations or [])
+        body = _build(RememberRequest, namespace=namespace, text=text, key=key,
+                      collection_id=collection_id, citations=citations or [])
         return await self._bus.command(subjects.REMEMBER, self._token, body, RememberResult)
 
     async def recall(self, query: str, *, namespace: str | None = None,
                      collection_id: str | None = None, as_of: datetime | None = None,
                      limit: int = 10) -> RecallResult:
-        body = RecallRequest(query=query, namespace=namespace, collection_id=collection_id,
-                             as_of=as_of, limit=limit)
+        body = _build(RecallRequest, query=query, namespace=namespace,
+                      collection_id=collection_id, as_of=as_of, limit=limit)
         return await self._bus.command(subjects.RECALL, self._token, body, RecallResult)
 
     async def list(self, *, namespace: str | None = None, key: str | None = None,
                    collection_id: str | None = None, as_of: datetime | None = None,
                    limit: int = 20, cursor: str | None = None) -> ListResult:
-        body = ListRequest(namespace=namespace, key=key, collection_id=collection_id,
-                           as_of=as_of, limit=limit, cursor=cursor)
+        body = _build(ListRequest, namespace=namespace, key=key, collection_id=collection_id,
+                      as_of=as_of, limit=limit, cursor=cursor)
         return await self._bus.command(subjects.LIST, self._token, body, ListResult)
 
     async def forget(self, *, memory_id: str | None = None, namespace: str | None = None,
                      key: str | None = None) -> ForgetResult:
-        body = ForgetRequest(memory_id=memory_id, namespace=namespace, key=key)
+        body = _build(ForgetRequest, memory_id=memory_id, namespace=namespace, key=key)
         return await self._bus.command(subjects.FORGET, self._token, body, ForgetResult)
 
     async def close(self) -> None:

@@ -19,6 +19,7 @@ ADMIN_PREFIX: Final = "mem.admin"
 DIRECTORY_PRINCIPAL: Final = "mem.int.dir.principal"
 DIRECTORY_NATS_AGENTS: Final = "mem.int.dir.nats_agents"
 NATS_RELOAD: Final = "mem.int.nats.reload"
+DIRECTORY_OWNER_CHECK: Final = "mem.int.dir.owner_check"
 
 EVENTS_STREAM: Final = "MEM_EVT"
 EVENTS_SUBJECTS: Final = "mem.evt.>"
@@ -39,6 +40,14 @@ def index(partition: str, operation: str) -> str:
 
 def embed(partition: str, operation: str) -> str:
     return f"mem.int.embed.{partition}.{operation}"
+
+
+def registry(operation: str) -> str:
+    return f"mem.int.registry.{operation}"
+
+
+def registry_event(event: str) -> str:
+    return f"mem.evt.registry.{event}"
 
 
 def recall_internal() -> str:

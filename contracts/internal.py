@@ -8,6 +8,7 @@ from pydantic import Field
 
 from contracts.base import Contract
 from contracts.memory import Memory
+from contracts.registry import Citation
 
 
 class Owner(Contract):
@@ -26,6 +27,7 @@ class StoreRemember(Contract):
     text: str  # already masked
     masked: dict[str, int] = Field(default_factory=dict)
     retention_days: int
+    citations: list[Citation] = Field(default_factory=list)
 
 
 class StoreQuery(Contract):
@@ -33,6 +35,7 @@ class StoreQuery(Contract):
     namespace: str | None = None
     key: str | None = None
     collection_id: str | None = None
+    collection_ids: list[str] | None = None  # a bound credential's context set
     as_of: datetime | None = None
     limit: int
     cursor: str | None = None
@@ -43,6 +46,7 @@ class StoreForget(Contract):
     memory_id: str | None = None
     namespace: str | None = None
     key: str | None = None
+    collection_ids: list[str] | None = None  # a bound credential's context set
 
 
 class StorePurge(Contract):
@@ -61,11 +65,13 @@ class Candidates(Contract):
     texts: list[str]
     created_at: list[datetime]
     superseded_at: list[datetime | None]
+    citations: list[list[Citation]]
 
     def memory(self, i: int) -> Memory:
         return Memory(memory_id=self.memory_ids[i], namespace=self.namespaces[i], key=self.keys[i],
                       collection_id=self.collection_ids[i], text=self.texts[i],
-                      created_at=self.created_at[i], superseded_at=self.superseded_at[i])
+                      created_at=self.created_at[i], superseded_at=self.superseded_at[i],
+                      citations=self.citations[i])
 
 
 class TextsRequest(Contract):
@@ -100,6 +106,13 @@ class PrincipalRequest(Contract):
     token_hash: str
 
 
+class OwnerCheck(Contract):
+    """Is this the workspace owner's member token, or the operator's?"""
+
+    token_hash: str
+    workspace_id: str
+
+
 class Ready(Contract):
     actor: str
 
@@ -109,5 +122,7 @@ class RecallQuery(Contract):
     query: str
     namespace: str | None = None
     collection_id: str | None = None
+    collection_ids: list[str] | None = None  # a bound credential's context set
+    context_set_id: str | None = None
     as_of: datetime | None = None
     limit: int

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from contracts.base import Contract, as_utc
+from contracts.registry import Citation
 
 SourceState = Literal["current", "changed"]
 
@@ -77,6 +78,7 @@ class Memory(Contract):
     evidence: Literal[False] = False
     trust: Literal["untrusted"] = "untrusted"
     source_state: SourceState = "current"
+    citations: list[Citation] = Field(default_factory=list)
 
 
 class RememberResult(Contract):

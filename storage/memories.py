@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS memories (
     created_at     TIMESTAMP NOT NULL,  -- UTC
     superseded_at  TIMESTAMP,
     expires_at     TIMESTAMP NOT NULL,
-    legal_hold     BOOLEAN   NOT NULL
+    legal_hold     BOOLEAN   NOT NULL,
+    citations      VARCHAR   DEFAULT '[]'  -- JSON: passage, document, version, sha256
 );
 CREATE TABLE IF NOT EXISTS remember_log (  -- for the hourly rate limit; forget does not erase it
     credential_id VARCHAR   NOT NULL,
@@ -41,7 +42,8 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 """
 
-_COLUMNS = "memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at"
+_COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at, "
+            "citations")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Row:
     text: str
     created_at: datetime
     superseded_at: datetime | None
+    citations: str  # JSON
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class Filters:
     namespace: str | None = None
     key: str | None = None
     collection_id: str | None = None
+    collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
 
 
 def _naive(instant: datetime) -> datetime:
@@ -117,6 +121,8 @@ class MemoryStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))
         self._db.execute(_SCHEMA)
+        self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
+                         "DEFAULT '[]'")  # data directories from before citations
         self._seq = self._db.execute("SELECT coalesce(max(seq), 0) FROM memories").fetchone()[0]
         self._seq = max(self._seq, self._db.execute(
             "SELECT coalesce(max(seq), 0) FROM outbox").fetchone()[0])
@@ -153,7 +159,7 @@ class MemoryStore:
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
                  retention_days: int, event_subject: str, event: Callable[[int], bytes],
-                 limits: Limits = Limits()) -> Stored:
+                 limits: Limits = Limits(), citations: list[dict[str, Any]] | None = None) -> Stored:
         """Check the limits, insert a version, supersede the live one of the same key, queue
         the event: one transaction."""
         db = self._db
@@ -171,10 +177,14 @@ class MemoryStore:
                     [now, filters.tenant, filters.subject_id, filters.namespace, filters.key],
                 ).fetchall())
             db.execute(
-                "INSERT INTO memories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', [], ?, NULL, ?, false)",
+                "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, "
+                "namespace, key, collection_id, text, classification, derived_from, created_at, "
+                "superseded_at, expires_at, legal_hold, citations) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, NULL, ?, false, ?)",
                 [memory_id, seq, filters.tenant, filters.subject_id, credential_id, filters.namespace,
-                 filters.key, filters.collection_id, text, now,
-                 now + timedelta(days=retention_days)],
+                 filters.key, filters.collection_id, text,
+                 [c["passageId"] for c in citations or []], now,
+                 now + timedelta(days=retention_days), json.dumps(citations or [])],
             )
             db.execute("INSERT INTO outbox VALUES (?, ?, ?)", [seq, event_subject, event(seq)])
             db.commit()
@@ -194,6 +204,9 @@ class MemoryStore:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if filters.collection_ids is not None:
+            clauses.append("list_contains(?, collection_id)")
+            params.append(list(filters.collection_ids))
         return " AND ".join(clauses), params
 
     def list(self, filters: Filters, *, as_of: datetime, limit: int,
@@ -207,11 +220,13 @@ class MemoryStore:
             f"SELECT {_COLUMNS} FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
             [*params, limit],
         ).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7])) for r in rows]
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7]), r[8])
+                for r in rows]
 
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,
-               memory_ids: list[str] | None = None, event_subject: str,
+               memory_ids: list[str] | None = None,
+               collection_ids: tuple[str, ...] | None = None, event_subject: str,
                event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
         except those on legal hold; one event per owner, in the same transaction."""
@@ -221,9 +236,10 @@ class MemoryStore:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
-        if memory_ids is not None:
-            clauses.append("list_contains(?, memory_id)")
-            params.append(memory_ids)
+        for column, values in (("memory_id", memory_ids), ("collection_id", collection_ids)):
+            if values is not None:
+                clauses.append(f"list_contains(?, {column})")
+                params.append(list(values))
         db = self._db
         db.begin()
         try:

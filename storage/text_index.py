@@ -15,7 +15,7 @@ import re
 import shutil
 import threading
 import unicodedata
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -147,26 +147,21 @@ class OwnerIndex:
                         for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
         if not (word_queries or gram_queries) or not candidate_ids:
             return []
+        should = tantivy.Occur.Should
+        parts = []
+        if word_queries:  # at least half of the content words
+            parts.append((should, tantivy.Query.boolean_query(
+                [(should, q) for q in word_queries],
+                minimum_number_should_match=(len(word_queries) + 1) // 2)))
+        if gram_queries:
+            parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
         restrict = tantivy.Query.const_score_query(
             tantivy.Query.term_set_query(SCHEMA, "memory_id", candidate_ids), 0.0)
+        scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, tantivy.Query.boolean_query(parts)),
+                                              (tantivy.Occur.Must, restrict)])
         searcher = self._index.searcher()
-        limit = len(candidate_ids)
-
-        def hits(query_: tantivy.Query) -> list[tantivy.DocAddress]:
-            scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, query_),
-                                                  (tantivy.Occur.Must, restrict)])
-            return [address for _, address in searcher.search(scoped, limit=limit).hits]
-
-        def key(address: tantivy.DocAddress) -> tuple[int, int]:
-            return address.segment_ord, address.doc
-
-        ranked = hits(tantivy.Query.boolean_query(
-            [(tantivy.Occur.Should, q) for q in word_queries + gram_queries]))
-        if len(word_queries) > 1:
-            shared = Counter(key(a) for q in word_queries for a in hits(q))
-            ranked = [a for a in ranked
-                      if shared[key(a)] == 0 or 2 * shared[key(a)] >= len(word_queries)]
-        return [searcher.doc(address)["memory_id"][0] for address in ranked]
+        hits = searcher.search(scoped, limit=len(candidate_ids)).hits
+        return [searcher.doc(address)["memory_id"][0] for _, address in hits]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
         return list(self._index.searcher().terms_with_prefix(field, prefix))
