@@ -136,9 +136,9 @@ class GovernanceActor:
                            collection_ids=await self._scope(principal, request.collection_id),
                            as_of=request.as_of, limit=request.limit, cursor=request.cursor)
         page = await self._bus.request(self._store(principal, "list"), query, ListResult)
-        verified = await reverify(self._bus, principal.workspace_id, principal.context_set_id,
-                                  page.memories)
-        return page.model_copy(update={"memories": verified.memories, "hidden": verified.hidden})
+        shown, hidden = await reverify(self._bus, principal.workspace_id,
+                                       principal.context_set_id, page.memories)
+        return page.model_copy(update={"memories": shown, "hidden": hidden})
 
     async def forget(self, payload: bytes) -> ForgetResult:
         envelope = parse(Envelope, payload)

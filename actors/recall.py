@@ -22,7 +22,7 @@ import numpy as np
 from actors.batching import Batcher
 from actors.fusion import rrf
 from actors.runtime import Serial, partition_of, ready_route
-from actors.verification import reverify
+from actors.verification import apply, verify
 from bus import BusClient, NatsRouter, parse, replying, subjects
 from contracts import Ranks, RecalledMemory, RecallResult
 from contracts.errors import MemgateError
@@ -97,29 +97,29 @@ class RecallActor:
                            collection_id=query.collection_id, collection_ids=query.collection_ids,
                            as_of=query.as_of, limit=self._window),
                 Candidates)
-            window = [candidates.memory(i) for i in range(len(candidates.memory_ids))]
-            verified = await reverify(self._bus, query.owner.tenant, query.context_set_id, window,
-                                      query.query)
-            if not verified.memories:
-                return RecallResult(memories=[], hidden=verified.hidden)
-            rank = RankRequest(owner=query.owner, query=query.query,
-                               memory_ids=[m.memory_id for m in verified.memories])
+            verdict = await verify(
+                self._bus, query.owner.tenant, query.context_set_id,
+                {i: c for i, c in zip(candidates.memory_ids, candidates.citations, strict=True) if c},
+                query.query)
+            hidden = set(verdict.hidden)
+            eligible = [i for i in candidates.memory_ids if i not in hidden]
+            if not eligible:
+                return RecallResult(memories=[], hidden=len(hidden))
+            rank = RankRequest(owner=query.owner, query=query.query, memory_ids=eligible)
             bm25, cosine = await asyncio.gather(
                 within(self._request_ranking(subjects.index(partition, "rank"), rank), 10.0),
                 within(self._cosine(partition, rank, vector),
                        self._deadline - (loop.time() - started)))
         finally:
             vector.cancel()
-        position = {m.memory_id: i for i, m in enumerate(verified.memories)}
-        matches = verified.entity_matches
+        position = {memory_id: i for i, memory_id in enumerate(candidates.memory_ids)}
+        matches = verdict.entity_matches
         entity = sorted(matches, key=lambda memory_id: (-matches[memory_id], position[memory_id]))
         channels = {"bm25": bm25, "cosine": cosine, "entity": entity}
         degraded = [name for name, ids in channels.items() if ids is None]
         fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k)
         top = sorted(fused, key=lambda f: (-f.score, position[f.memory_id]))[: query.limit]
-        memories = [
-            RecalledMemory(**verified.memories[position[f.memory_id]].model_dump(),
-                           score=f.score, ranks=Ranks(**f.ranks))
-            for f in top
-        ]
-        return RecallResult(memories=memories, degraded=degraded, hidden=verified.hidden)
+        shown = apply(verdict, [candidates.memory(position[f.memory_id]) for f in top])
+        memories = [RecalledMemory(**m.model_dump(), score=f.score, ranks=Ranks(**f.ranks))
+                    for m, f in zip(shown, top, strict=True)]
+        return RecallResult(memories=memories, degraded=degraded, hidden=len(hidden))

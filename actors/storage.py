@@ -36,6 +36,8 @@ log = logging.getLogger("memgate.storage")
 
 
 def citations_of(row: Row) -> list[Citation]:
+    if not row.citations or row.citations == "[]":  # most memories cite nothing
+        return []
     return [Citation.model_validate(c) for c in json.loads(row.citations)]
 
 
