@@ -209,5 +209,15 @@ def revoke_nats_credential(agent_id: str, url: Url = "http://127.0.0.1:8080") ->
     _call("DELETE", url, f"/api/admin/nats-agents/{agent_id}", token)
 
 
+@admin.command("request")
+def request(method: str, path: str, body: Annotated[str | None, typer.Argument()] = None,
+            token: Annotated[str | None, typer.Option(envvar="MEMGATE_TOKEN")] = None,
+            url: Url = "http://127.0.0.1:8080") -> None:
+    """Any admin call, e.g. `request PUT /api/w/WS/documents/DOC '{"collectionId": ...}'`
+    (member token from --token/MEMGATE_TOKEN, else the operator's MEMGATE_ADMIN_TOKEN)."""
+    _call(method.upper(), url, path, token or os.environ.get("MEMGATE_ADMIN_TOKEN"),
+          json.loads(body) if body else None)
+
+
 def main() -> None:
     app()
