@@ -112,9 +112,11 @@ class DirectoryActor:
 
     def _principal(self, token_hash: str) -> Principal:
         credential = self.store.credential_by_token(token_hash)
-        member = credential and self.store.member(credential.workspace_id, credential.member_id)
-        workspace = credential and self.store.workspace(credential.workspace_id)
-        if credential is None or member is None or workspace is None:
+        if credential is None:
+            raise UnauthenticatedError("unknown or revoked credential")
+        member = self.store.member(credential.workspace_id, credential.member_id)
+        workspace = self.store.workspace(credential.workspace_id)
+        if member is None or workspace is None:
             raise UnauthenticatedError("unknown or revoked credential")
         return Principal(
             workspace_id=workspace.workspace_id, member_id=member.member_id,

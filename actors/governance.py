@@ -70,7 +70,7 @@ class GovernanceActor:
         router = NatsRouter()
         handlers: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
-            subjects.LIST: self.list, subjects.FORGET: self.forget,
+            subjects.LIST: self.list_memories, subjects.FORGET: self.forget,
         }
         for subject, handler in handlers.items():
             router.subscriber(subject, queue=QUEUE)(replying(handler))
@@ -127,7 +127,7 @@ class GovernanceActor:
             retention_days=principal.settings.retention_days, citations=citations)
         return await self._bus.request(self._store(principal, "remember"), command, RememberResult)
 
-    async def list(self, payload: bytes) -> ListResult:
+    async def list_memories(self, payload: bytes) -> ListResult:
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.READ)
         request = parse(ListRequest, envelope.body)

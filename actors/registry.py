@@ -188,7 +188,7 @@ class RegistryActor:
         citations, unknown = [], []
         for passage_id in request.passage_ids:
             passage = ws.passages.get(passage_id)
-            document = passage and ws.documents.get(passage.document_id)
+            document = None if passage is None else ws.documents.get(passage.document_id)
             if passage is None or document is None or not self._live(ws, document) \
                     or document.restricted:
                 unknown.append(passage_id)

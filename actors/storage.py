@@ -82,7 +82,7 @@ class StorageActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         for operation, handler in {
-            "remember": self.remember, "list": self.list, "forget": self.forget,
+            "remember": self.remember, "list": self.list_memories, "forget": self.forget,
             "candidates": self.candidates, "texts": self.texts,
             "purge": self.purge,
         }.items():
@@ -141,7 +141,7 @@ class StorageActor:
                        query.collection_id,
                        None if query.collection_ids is None else tuple(query.collection_ids))
 
-    async def list(self, payload: bytes) -> ListResult:
+    async def list_memories(self, payload: bytes) -> ListResult:
         query = parse(StoreQuery, payload)
         before: int | None = None
         snapshot = query.as_of or datetime.now(UTC)
@@ -150,7 +150,7 @@ class StorageActor:
                 before, snapshot = decode_cursor(query.cursor)
             except ValueError:
                 raise ValidationFailedError("the cursor is not valid", {"field": "cursor"}) from None
-        rows = await self._serial(lambda: self.store.list(
+        rows = await self._serial(lambda: self.store.versions(
             self._filters(query), as_of=snapshot, limit=query.limit + 1, before_seq=before))
         page = rows[: query.limit]
         cursor = encode_cursor(page[-1].seq, snapshot) if len(rows) > query.limit else None
@@ -159,7 +159,7 @@ class StorageActor:
     async def candidates(self, payload: bytes) -> Candidates:
         """The newest `limit` versions current at `asOf` for an owner (recall's window)."""
         query = parse(StoreQuery, payload)
-        rows = await self._serial(lambda: self.store.list(
+        rows = await self._serial(lambda: self.store.versions(
             self._filters(query), as_of=query.as_of or datetime.now(UTC), limit=query.limit))
         return Candidates(
             memory_ids=[r.memory_id for r in rows], namespaces=[r.namespace for r in rows],

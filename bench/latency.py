@@ -15,7 +15,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
 
 from bench.harness import HEADER, agent_token, consumers_idle, memgate_up, row
 

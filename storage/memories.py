@@ -209,7 +209,7 @@ class MemoryStore:
             params.append(list(filters.collection_ids))
         return " AND ".join(clauses), params
 
-    def list(self, filters: Filters, *, as_of: datetime, limit: int,
+    def versions(self, filters: Filters, *, as_of: datetime, limit: int,
              before_seq: int | None = None) -> list[Row]:
         """Versions current at `as_of`, newest first."""
         where, params = self._where(filters, as_of)

@@ -8,7 +8,6 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
-import nats
 import pytest
 import tantivy
 from faststream.nats import NatsBroker
@@ -178,8 +177,9 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
                 await broker.start()
                 run.push_async_callback(broker.stop)
 
-                async def caught_up() -> bool:
-                    return indexer.indexes.owner(owner.tenant, owner.subject_id).ids == set(first)
+                async def caught_up(indexer: IndexerActor = indexer,
+                                    expected: frozenset[str] = frozenset(first)) -> bool:
+                    return indexer.indexes.owner(owner.tenant, owner.subject_id).ids == expected
 
                 await eventually(caught_up)
 
