@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -76,3 +78,33 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
             for clear in (b"jane.doe", b"415 555 0100", b"4111 1111", b"GB82", b"123456782",
                           *secrets):  # tokens and seeds are kept as hashes / public keys only
                 assert clear not in content, f"{clear!r} reached {path.relative_to(data)}"
+
+
+def cli(*args: str, token: str | None = None) -> dict[str, object]:
+    env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    if token is not None:
+        env["MEMGATE_TOKEN"] = token
+    done = subprocess.run([sys.executable, "-m", "adapters", "admin", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(json.loads(done.stdout))
+
+
+async def test_the_admin_command_line_sets_up_an_agent_that_works_on_the_bus(tmp_path: Path) -> None:
+    http_port, nats_port = free_port(), free_port()
+    async with memgate_up(tmp_path / "data", http_port, nats_port):
+        url = f"http://127.0.0.1:{http_port}"
+        created = await asyncio.to_thread(cli, "create-workspace", "acme", "--url", url)
+        ws = str(created["workspaceId"])
+        owner = str(created["owner"]["memberToken"])  # type: ignore[index]
+        await asyncio.to_thread(cli, "settings", ws, "--agent-memories", "--url", url, token=owner)
+        credential = await asyncio.to_thread(cli, "create-credential", ws, "bot", "--scope",
+                                             "memory:read", "--scope", "memory:write", "--url",
+                                             url, token=owner)
+        login = await asyncio.to_thread(cli, "nats-credential", "bot", "--url", url)
+        async with await MemgateClient.connect(
+                f"nats://127.0.0.1:{nats_port}", str(credential["token"]),
+                nats_seed=str(login["seed"]), inbox_prefix=str(login["inboxPrefix"])) as agent:
+            await agent.remember("prefs", "set up from the command line")
+            assert [m.text for m in (await agent.list()).memories] == [
+                "set up from the command line"]
