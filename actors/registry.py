@@ -97,9 +97,9 @@ class RegistryActor:
         handle.__name__ = handler.__name__
         return handle
 
-    async def _announce(self, event: str, workspace_id: str, **ids: str) -> None:
+    async def _announce(self, event: str, workspace_id: str, **ids: str | list[str]) -> None:
         await self._bus.publish(subjects.registry_event(event),
-                                {"workspaceId": workspace_id, **ids})
+                                {"event": event, "workspaceId": workspace_id, **ids})
 
     # --- admin ---
 
@@ -111,9 +111,12 @@ class RegistryActor:
 
     async def delete_collection(self, envelope: Envelope) -> Done:
         workspace_id, collection_id = envelope.params["wsId"], envelope.params["collectionId"]
+        documents = sorted(d.document_id for d in self.store.workspace(workspace_id).documents.values()
+                           if d.collection_id == collection_id and not d.deleted)
         if not await self._serial(self.store.delete_collection, workspace_id, collection_id):
             raise NotFoundError("no such collection")
-        await self._announce("collection_deleted", workspace_id, collectionId=collection_id)
+        await self._announce("collection_deleted", workspace_id, collectionId=collection_id,
+                             documentIds=documents)
         return Done()
 
     async def put_document(self, envelope: Envelope) -> DocumentVersion:

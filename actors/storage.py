@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from actors.runtime import Serial, ready_route
-from bus import NatsRouter, parse, replying, subjects
+from actors.runtime import Serial, partition_of, ready_route
+from bus import BusClient, NatsRouter, parse, replying, subjects
 from bus.streams import EventPublisher
 from contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
 from contracts.errors import (
@@ -48,9 +48,12 @@ def memory_of(row: Row) -> Memory:
 
 
 class StorageActor:
-    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher,
-                 limits: Limits = Limits()) -> None:
+    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher, bus: BusClient,
+                 limits: Limits = Limits(), partitions: int = 1) -> None:
         self.partition = partition
+        self._partitions = partitions
+        self._cascade = bus.consumer(subjects.registry_event(">"), f"storage-{partition}-cascade",
+                                     self.on_registry_events)
         self._limits = limits
         self.name = f"storage.{partition}"
         self._path = path
@@ -70,8 +73,10 @@ class StorageActor:
         await self._publisher.ensure_stream()
         self._outbox.set()  # resend whatever a previous run committed but did not publish
         self._relay = asyncio.create_task(self._relay_events(), name=f"{self.name}.relay")
+        await self._cascade.start()
 
     async def stop(self) -> None:
+        await self._cascade.stop()
         if self._relay is not None:
             self._relay.cancel()
             await asyncio.gather(self._relay, return_exceptions=True)
@@ -187,6 +192,24 @@ class StorageActor:
             raise NotFoundError("no such memory")
         self._outbox.set()
         return ForgetResult(deleted=len(deleted))
+
+    async def on_registry_events(self, payloads: list[bytes]) -> None:
+        """Deleting a cited document, or its collection, deletes the memories (SPEC §3.3)."""
+        for payload in payloads:
+            fact = json.loads(payload)
+            tenant = fact["workspaceId"]
+            if partition_of(tenant, self._partitions) != self.partition:
+                continue
+            if fact["event"] == "doc_deleted":
+                await self._serial(lambda: self._delete(tenant, None,
+                                                        cited_documents=[fact["documentId"]]))
+            elif fact["event"] == "collection_deleted":
+                await self._serial(lambda: self._delete(
+                    tenant, None, collection_ids=(fact["collectionId"],)))
+                if fact["documentIds"]:
+                    await self._serial(lambda: self._delete(
+                        tenant, None, cited_documents=fact["documentIds"]))
+        self._outbox.set()
 
     async def purge(self, payload: bytes) -> ForgetResult:
         """Delete without reading: a member's own memories (all, or some ids), or a whole

@@ -62,6 +62,7 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
         root = data / "partitions" / partition
         actors += [
             StorageActor(partition=partition, path=root / "memories.duckdb", publisher=publisher,
+                         bus=bus, partitions=settings.partitions,
                          limits=Limits(settings.limit_remembers_per_hour,
                                        settings.limit_versions_per_member)),
             IndexerActor(partition=partition, root=root / "text-index", bus=bus),

@@ -226,7 +226,8 @@ class MemoryStore:
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,
                memory_ids: list[str] | None = None,
-               collection_ids: tuple[str, ...] | None = None, event_subject: str,
+               collection_ids: tuple[str, ...] | None = None,
+               cited_documents: list[str] | None = None, event_subject: str,
                event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
         except those on legal hold; one event per owner, in the same transaction."""
@@ -240,6 +241,9 @@ class MemoryStore:
             if values is not None:
                 clauses.append(f"list_contains(?, {column})")
                 params.append(list(values))
+        if cited_documents is not None:
+            clauses.append("list_has_any(json_extract_string(citations, '$[*].documentId'), ?)")
+            params.append(cited_documents)
         db = self._db
         db.begin()
         try:
