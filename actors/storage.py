@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from functools import partial
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -200,15 +201,15 @@ class StorageActor:
             tenant = fact["workspaceId"]
             if partition_of(tenant, self._partitions) != self.partition:
                 continue
+            cascades: list[dict[str, Any]] = []
             if fact["event"] == "doc_deleted":
-                await self._serial(lambda: self._delete(tenant, None,
-                                                        cited_documents=[fact["documentId"]]))
+                cascades.append({"cited_documents": [fact["documentId"]]})
             elif fact["event"] == "collection_deleted":
-                await self._serial(lambda: self._delete(
-                    tenant, None, collection_ids=(fact["collectionId"],)))
+                cascades.append({"collection_ids": (fact["collectionId"],)})
                 if fact["documentIds"]:
-                    await self._serial(lambda: self._delete(
-                        tenant, None, cited_documents=fact["documentIds"]))
+                    cascades.append({"cited_documents": fact["documentIds"]})
+            for conditions in cascades:
+                await self._serial(partial(self._delete, tenant, None, **conditions))
         self._outbox.set()
 
     async def purge(self, payload: bytes) -> ForgetResult:
