@@ -42,7 +42,7 @@ class EmbedderActor:
     async def start(self) -> None:
         self._embedder = await self._model_thread(OnnxEmbedder, self._model, self._tokenizer)
         await self._model_thread(self._embedder.embed, ["warm up"])  # first run allocates
-        self._vectors = await self._store_thread(VectorStore, self._path, self._embedder.dim)
+        self._vectors = await self._store_thread(VectorStore, self._path)
         self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
         self._batcher.start()
         await self._events.start()

@@ -226,4 +226,4 @@ class StorageActor:
         request = parse(TextsRequest, payload)
         rows = await self._serial(lambda: self.store.texts(
             request.owner.tenant, request.owner.subject_id, request.memory_ids))
-        return Texts(items=[OwnedText(memory_id=i, seq=s, text=t) for i, s, t in rows])
+        return Texts(items=[OwnedText(memory_id=i, text=t) for i, t in rows])

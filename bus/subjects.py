@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Final
 
-CMD_PREFIX: Final = "mem.cmd"
 REMEMBER: Final = "mem.cmd.remember"
 RECALL: Final = "mem.cmd.recall"
 LIST: Final = "mem.cmd.list"

@@ -1,6 +1,6 @@
 """Versioned pydantic contracts: pure data, no I/O."""
 
-from contracts.base import Contract, as_utc, utcnow
+from contracts.base import Contract, as_utc
 from contracts.directory import (
     AddMember, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated, Done,
     MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents, PatchMember, Principal,
@@ -22,5 +22,5 @@ __all__ = [
     "MemberView", "MemgateError", "MemoriesDeleted", "Memory", "MemoryStored", "Ok",
     "PatchMember", "Principal", "Ranks", "RecallRequest", "RecallResult", "RecalledMemory",
     "RememberRequest", "RememberResult", "Role", "Scope", "SettingsUpdate", "WorkspaceCreated",
-    "WorkspaceSettings", "as_utc", "error_for", "utcnow",
+    "WorkspaceSettings", "as_utc", "error_for",
 ]

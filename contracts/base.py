@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 
@@ -19,10 +19,6 @@ class Contract(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def as_utc(value: datetime | None) -> datetime | None:
     """Naive instants are read as UTC; aware ones are converted to UTC."""
     if value is None:
@@ -30,4 +26,4 @@ def as_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-__all__ = ["AwareDatetime", "Contract", "as_utc", "field_validator", "utcnow"]
+__all__ = ["Contract", "as_utc"]

@@ -81,7 +81,6 @@ class TextsRequest(Contract):
 
 class OwnedText(Contract):
     memory_id: str
-    seq: int
     text: str
 
 

@@ -262,13 +262,13 @@ class MemoryStore:
             raise
         return [deleted for _, deleted in rows]
 
-    def texts(self, tenant: str, subject_id: str, memory_ids: list[str] | None) -> list[tuple[str, int, str]]:
-        sql = "SELECT memory_id, seq, text FROM memories WHERE tenant = ? AND subject_id = ?"
+    def texts(self, tenant: str, subject_id: str, memory_ids: list[str] | None) -> list[tuple[str, str]]:
+        sql = "SELECT memory_id, text FROM memories WHERE tenant = ? AND subject_id = ?"
         params: list[Any] = [tenant, subject_id]
         if memory_ids is not None:
             sql += " AND list_contains(?, memory_id)"
             params.append(memory_ids)
-        return [(r[0], r[1], r[2]) for r in self._db.execute(sql + " ORDER BY seq", params).fetchall()]
+        return [(r[0], r[1]) for r in self._db.execute(sql + " ORDER BY seq", params).fetchall()]
 
     def pending_events(self, limit: int = 500) -> list[tuple[int, str, bytes]]:
         return [(r[0], r[1], bytes(r[2])) for r in self._db.execute(
@@ -277,6 +277,3 @@ class MemoryStore:
     def events_sent(self, up_to_seq: int) -> None:
         self._db.execute("DELETE FROM outbox WHERE seq <= ?", [up_to_seq])
 
-    def count(self, tenant: str, subject_id: str) -> int:
-        return self._db.execute("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
-                                [tenant, subject_id]).fetchone()[0]

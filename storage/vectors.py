@@ -19,11 +19,10 @@ CREATE TABLE IF NOT EXISTS vectors (
 
 
 class VectorStore:
-    def __init__(self, path: Path, dim: int) -> None:
+    def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))
         self._db.execute(_SCHEMA)
-        self._dim = dim
         self._vectors: dict[str, np.ndarray] = {
             memory_id: np.frombuffer(blob, dtype=np.float32)
             for memory_id, blob in self._db.execute("SELECT memory_id, vec FROM vectors").fetchall()

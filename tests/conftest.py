@@ -86,6 +86,12 @@ class Memgate:
                                 {"name": "agent", "scopes": list(scopes)})
         return str(created["token"])
 
+    async def new_agent(self, transport: str, role: str = "owner") -> Agent:
+        """An agent with read and write, for a member of `role` in a fresh, enabled workspace."""
+        owner = await self.workspace()
+        member = owner if role == "owner" else await self.member(owner, role)
+        return await self.agent(transport, await self.credential(member))
+
     async def agent(self, transport: str, token: str) -> Agent:
         if transport == "rest":
             return RestAgent(self.http, token)

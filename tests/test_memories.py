@@ -21,14 +21,8 @@ PERSONAL = ("Mail jane.doe@example.com or call +1 415 555 0100, card 4111 1111 1
             "IBAN GB82 WEST 1234 5698 7654 32, id 123456782")
 
 
-async def editor_agent(memgate: Memgate, transport: str, **scopes: object):  # type: ignore[no-untyped-def]
-    owner = await memgate.workspace()
-    member = await memgate.member(owner, "editor")
-    return await memgate.agent(transport, await memgate.credential(member))
-
-
 async def test_remember_masks_personal_data_and_says_what_it_masked(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     first = await agent.remember("contacts", PERSONAL)
     again = await agent.remember("contacts", PERSONAL)
     listed = await agent.list()
@@ -44,7 +38,7 @@ async def test_remember_masks_personal_data_and_says_what_it_masked(memgate: Mem
 
 
 async def test_personal_data_in_namespace_or_key_is_refused(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     with pytest.raises(AgentMemoryPersonalDataError) as by_namespace:
         await agent.remember("jane.doe@example.com", "likes tea")
     with pytest.raises(AgentMemoryPersonalDataError) as by_key:
@@ -56,7 +50,7 @@ async def test_personal_data_in_namespace_or_key_is_refused(memgate: Memgate, tr
 
 
 async def test_text_that_is_only_personal_data_is_refused_as_empty(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     with pytest.raises(AgentMemoryEmptyError):
         await agent.remember("contacts", " jane.doe@example.com  4111 1111 1111 1111 ")
     await agent.close()
@@ -87,7 +81,7 @@ async def test_lengths_of_spec_3_2_are_enforced(memgate: Memgate, transport: str
 
 
 async def test_same_key_supersedes_and_list_shows_current_versions_newest_first(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     first = await agent.remember("prefs", "deploys on Fridays", key="deploy-day")
     await agent.remember("prefs", "likes green tea")
     second = await agent.remember("prefs", "deploys on Thursdays", key="deploy-day")
@@ -99,7 +93,7 @@ async def test_same_key_supersedes_and_list_shows_current_versions_newest_first(
 
 
 async def test_list_as_of_shows_what_was_current_then(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     await agent.remember("prefs", "deploys on Fridays", key="deploy-day")
     between = datetime.now(UTC)
     await asyncio.sleep(0.01)
@@ -113,7 +107,7 @@ async def test_list_as_of_shows_what_was_current_then(memgate: Memgate, transpor
 
 
 async def test_list_pages_with_an_opaque_cursor_stable_under_new_writes(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     for i in range(5):
         await agent.remember("notes", f"note number {i}")
     page1 = await agent.list(limit=2)
@@ -129,7 +123,7 @@ async def test_list_pages_with_an_opaque_cursor_stable_under_new_writes(memgate:
 
 
 async def test_forget_by_key_deletes_every_version_and_by_id_one(memgate: Memgate, transport: str) -> None:
-    agent = await editor_agent(memgate, transport)
+    agent = await memgate.new_agent(transport, "editor")
     await agent.remember("prefs", "v1", key="k")
     await agent.remember("prefs", "v2", key="k")
     keep = await agent.remember("prefs", "keep me")

@@ -34,13 +34,8 @@ def test_rrf_adds_reciprocal_ranks() -> None:
     assert rrf({"bm25": ["x"]}, k=1)[0].score == pytest.approx(0.5)
 
 
-async def agent_for(memgate: Memgate, transport: str):  # type: ignore[no-untyped-def]
-    owner = await memgate.workspace()
-    return await memgate.agent(transport, await memgate.credential(owner))
-
-
 async def test_a_memory_is_recallable_by_its_words_as_soon_as_remember_returns(memgate: Memgate, transport: str) -> None:
-    agent = await agent_for(memgate, transport)
+    agent = await memgate.new_agent(transport)
     await agent.remember("team", "Team Orion's staging database is Postgres 15")
     await agent.remember("prefs", "The user likes green tea")
     remembered = await agent.remember("prefs", "The user deploys on Fridays after lunch")
@@ -54,7 +49,7 @@ async def test_a_memory_is_recallable_by_its_words_as_soon_as_remember_returns(m
 
 
 async def test_meaning_matches_without_shared_words(memgate: Memgate, transport: str) -> None:
-    agent = await agent_for(memgate, transport)
+    agent = await memgate.new_agent(transport)
     answer = await agent.remember("prefs", "The user deploys on Fridays")
     await agent.remember("prefs", "The staging cluster runs Kubernetes 1.30")
     await agent.remember("prefs", "Lunch is usually sushi")
@@ -71,7 +66,7 @@ async def test_meaning_matches_without_shared_words(memgate: Memgate, transport:
 
 
 async def test_japanese_is_matched_inside_unspaced_text(memgate: Memgate, transport: str) -> None:
-    agent = await agent_for(memgate, transport)
+    agent = await memgate.new_agent(transport)
     meeting = await agent.remember("schedule", "毎週月曜日の朝に定例会議がある")
     await agent.remember("customer", "顧客は日本語でのサポートを希望している")
     result = await agent.recall("会議")
@@ -83,7 +78,7 @@ async def test_japanese_is_matched_inside_unspaced_text(memgate: Memgate, transp
 
 
 async def test_recall_as_of_and_namespace_and_limit(memgate: Memgate, transport: str) -> None:
-    agent = await agent_for(memgate, transport)
+    agent = await memgate.new_agent(transport)
     await agent.remember("prefs", "deploys on Fridays", key="deploy")
     between = datetime.now(UTC)
     await asyncio.sleep(0.01)

@@ -62,31 +62,33 @@ async def test_restricted_documents_cannot_be_cited(memgate: Memgate) -> None:
         await agent.remember("notes", "from a restricted doc", citations=["secret-p1"])
 
 
-async def test_a_deleted_or_expired_source_hides_the_memory_and_a_new_version_marks_it_changed(memgate: Memgate, transport: str) -> None:
+async def test_a_gone_expired_or_restricted_source_hides_the_memory_and_a_new_version_marks_it_changed(memgate: Memgate, transport: str) -> None:
     owner = await memgate.workspace()
     handbook = await collection(memgate, owner)
-    for document in ("kept", "deleted", "expiring"):
+    documents = ("kept", "deleted", "expiring", "restricting")
+    for document in documents:
         await put_document(memgate, owner, document, handbook)
     agent = await memgate.agent(transport, await memgate.credential(owner))
-    for document in ("kept", "deleted", "expiring"):
+    for document in documents:
         await agent.remember("notes", f"Orion releases: from {document}",
                              citations=[f"{document}-p1"])
     await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/documents/deleted", owner.token)
     past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
     await put_document(memgate, owner, "expiring", handbook, expiresAt=past)
+    await put_document(memgate, owner, "restricting", handbook, restricted=True)
     await put_document(memgate, owner, "kept", handbook)  # version 2, same text
 
     listed = await agent.list()
-    assert listed.hidden in (1, 2)  # the deleted document's memory: hidden, then cascaded away
+    assert listed.hidden in (2, 3)  # the deleted document's memory: hidden, then cascaded away
     assert [(m.text, m.source_state) for m in listed.memories] == [
         ("Orion releases: from kept", "changed")]
 
-    async def only_the_expired_one_is_hidden() -> bool:
-        return (await agent.list()).hidden == 1
+    async def expired_and_restricted_are_hidden() -> bool:
+        return (await agent.list()).hidden == 2
 
-    await eventually(only_the_expired_one_is_hidden)
+    await eventually(expired_and_restricted_are_hidden)
     recalled = await agent.recall("Orion releases")
-    assert recalled.hidden == 1
+    assert recalled.hidden == 2
     assert [m.text for m in recalled.memories] == ["Orion releases: from kept"]
     await agent.close()
 
