@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from bus import MemgateClient
+from memgate.bus import MemgateClient
 
 ADMIN = "bench-operator-token"
 
@@ -58,7 +58,7 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
                "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000",
                **env_overrides}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "adapters", "up", "--data-dir", str(data),
+            sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data),
             "--http", f"127.0.0.1:{http_port}", env=env,
             stdout=asyncio.subprocess.DEVNULL, stderr=None if os.environ.get("BENCH_LOGS") else asyncio.subprocess.DEVNULL)
         http_url = f"http://127.0.0.1:{http_port}"

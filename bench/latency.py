@@ -15,12 +15,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-
 from bench.harness import HEADER, agent_token, consumers_idle, memgate_up, row
 
-WORDS = ("deploy database meeting customer release staging budget design review incident "
-         "migration invoice roadmap hiring laptop vacation lunch coffee metrics dashboard "
-         "kubernetes postgres frontend backend security audit onboarding travel offsite").split()
+WORDS = ["deploy", "database", "meeting", "customer", "release", "staging", "budget", "design", "review", "incident", "migration", "invoice", "roadmap", "hiring", "laptop", "vacation", "lunch", "coffee", "metrics", "dashboard", "kubernetes", "postgres", "frontend", "backend", "security", "audit", "onboarding", "travel", "offsite"]
 
 
 def note(rng: random.Random, i: int) -> str:

@@ -17,10 +17,17 @@ from pathlib import Path
 import nats
 
 from bench.harness import agent_token, consumers_idle, memgate_up
-from bus import BusClient
-from contracts import Principal
-from contracts.internal import Candidates, Owner, PrincipalRequest, RankRequest, Ranking, StoreQuery
-from storage.directory import hash_token
+from memgate.bus import BusClient
+from memgate.contracts import Principal
+from memgate.contracts.internal import (
+    Candidates,
+    Owner,
+    PrincipalRequest,
+    Ranking,
+    RankRequest,
+    StoreQuery,
+)
+from memgate.storage.directory import hash_token
 
 DEFAULT_SET = Path(__file__).parent / "data" / "relevance.json"
 METHODS = ("bm25", "cosine", "fused")

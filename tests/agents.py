@@ -6,9 +6,15 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from bus import MemgateClient
-from contracts import (
-    HTTP_STATUS, Contract, ErrorCode, ForgetResult, ListResult, RecallResult, RememberResult,
+from memgate.bus import MemgateClient
+from memgate.contracts import (
+    HTTP_STATUS,
+    Contract,
+    ErrorCode,
+    ForgetResult,
+    ListResult,
+    RecallResult,
+    RememberResult,
     error_for,
 )
 

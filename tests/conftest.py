@@ -15,9 +15,9 @@ import nats
 import pytest
 import uvicorn
 
-from actors.settings import Settings
-from actors.system import Bus, actor_names, start_system
-from adapters.rest import create_app
+from memgate.adapters.rest import create_app
+from memgate.app.settings import Settings
+from memgate.app.system import Bus, actor_names, start_system
 from tests.agents import Agent, BusAgent, RestAgent
 
 ADMIN_TOKEN = "test-operator-token"

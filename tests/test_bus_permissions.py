@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bus import MemgateClient
+from memgate.bus import MemgateClient
 from tests.conftest import ADMIN_TOKEN, Memgate
 
 

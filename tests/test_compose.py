@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from bus import nats_server_binary
+from memgate.bus import nats_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,15 +7,28 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from actors.directory import check_grantable
-from actors.governance import authorise
-from bus.replies import decode_reply, parse
-from contracts import (
-    HTTP_STATUS, ErrorCode, Failure, ForgetRequest, ListRequest, ListResult, Principal,
-    RememberRequest, Role, Scope, WorkspaceSettings, error_for,
+from memgate.actors.directory import check_grantable
+from memgate.actors.governance import authorise
+from memgate.bus.replies import decode_reply, parse
+from memgate.contracts import (
+    HTTP_STATUS,
+    ErrorCode,
+    Failure,
+    ForgetRequest,
+    ListRequest,
+    ListResult,
+    Principal,
+    RememberRequest,
+    Role,
+    Scope,
+    WorkspaceSettings,
+    error_for,
 )
-from contracts.errors import (
-    AgentMemoryDisabledError, InsufficientScopeError, NonRetainingWorkspaceError, NotFoundError,
+from memgate.contracts.errors import (
+    AgentMemoryDisabledError,
+    InsufficientScopeError,
+    NonRetainingWorkspaceError,
+    NotFoundError,
     ValidationFailedError,
 )
 

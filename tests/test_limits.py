@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import AgentMemoryFullError, RateLimitedError
+from memgate.contracts.errors import AgentMemoryFullError, RateLimitedError
 from tests.conftest import Memgate, run_memgate
 
 
@@ -20,7 +20,7 @@ async def second_governance_process(memgate: Memgate, tmp_path: Path) -> asyncio
     env = {**os.environ, "MEMGATE_NATS_PASSWORD": memgate.bus.options["password"],
            "MEMGATE_DATA_DIR": str(tmp_path / "second")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters", "actors", "--only", "governance",
+        sys.executable, "-m", "memgate.adapters", "actors", "--only", "governance",
         "--nats", memgate.nats_url, env=env, stdout=asyncio.subprocess.PIPE)
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 60)  # printed once it listens

@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.masking import DETECTORS, iban_valid, israeli_id_valid, luhn_valid, mask
+from memgate.policy.masking import DETECTORS, iban_valid, israeli_id_valid, luhn_valid, mask
 
 digits = st.text(alphabet="0123456789", min_size=1, max_size=20)
 pieces = st.one_of(

@@ -17,9 +17,16 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from contracts import (
-    Contract, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest, RecallResult,
-    RememberRequest, RememberResult,
+from memgate.contracts import (
+    Contract,
+    ForgetRequest,
+    ForgetResult,
+    ListRequest,
+    ListResult,
+    RecallRequest,
+    RecallResult,
+    RememberRequest,
+    RememberResult,
 )
 from tests.conftest import Memgate
 

@@ -8,12 +8,25 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.mcp_fence import (
-    QUOTE, closing, new_nonce, opening, render_error, render_list, render_recall,
+from memgate.adapters.mcp_fence import (
+    QUOTE,
+    closing,
+    new_nonce,
+    opening,
+    render_error,
+    render_list,
+    render_recall,
     render_remembered,
 )
-from contracts import ListResult, Memory, Ranks, RecalledMemory, RecallResult, RememberResult
-from contracts.errors import InsufficientScopeError, ValidationFailedError
+from memgate.contracts import (
+    ListResult,
+    Memory,
+    Ranks,
+    RecalledMemory,
+    RecallResult,
+    RememberResult,
+)
+from memgate.contracts.errors import InsufficientScopeError, ValidationFailedError
 
 NONCE = "3f9a0c1d2e3f4a5b"
 HOSTILE = (

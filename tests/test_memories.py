@@ -8,11 +8,16 @@ from datetime import UTC, datetime
 import nats
 import pytest
 
-from bus import BusClient, subjects
-from contracts import RememberResult
-from contracts.errors import (
-    AgentMemoryDisabledError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
-    InsufficientScopeError, NonRetainingWorkspaceError, NotFoundError, UnauthenticatedError,
+from memgate.bus import BusClient, subjects
+from memgate.contracts import RememberResult
+from memgate.contracts.errors import (
+    AgentMemoryDisabledError,
+    AgentMemoryEmptyError,
+    AgentMemoryPersonalDataError,
+    InsufficientScopeError,
+    NonRetainingWorkspaceError,
+    NotFoundError,
+    UnauthenticatedError,
     ValidationFailedError,
 )
 from tests.conftest import Memgate

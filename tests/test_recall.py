@@ -14,11 +14,11 @@ from faststream.nats import NatsBroker
 from faststream.security import SASLPlaintext
 from nats.aio.msg import Msg
 
-from actors.fusion import rrf
-from actors.indexer import IndexerActor
-from bus import BusClient
-from contracts import RememberResult
-from contracts.internal import Owner, StoreRemember
+from memgate.actors.indexer import IndexerActor
+from memgate.bus import BusClient
+from memgate.contracts import RememberResult
+from memgate.contracts.internal import Owner, StoreRemember
+from memgate.policy.fusion import rrf
 from tests.conftest import Memgate, eventually, run_memgate
 
 

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import (
-    ContextSetScopeRefusedError, NotFoundError, ValidationFailedError,
+from memgate.contracts.errors import (
+    ContextSetScopeRefusedError,
+    NotFoundError,
+    ValidationFailedError,
 )
 from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
 

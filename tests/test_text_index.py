@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.text_index import OwnerIndex, split_text
+from memgate.storage.text_index import OwnerIndex, split_text
 
 MEMORIES = [
     ("deploy", "The user deploys to production on Fridays"),

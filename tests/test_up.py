@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from bus import MemgateClient
+from memgate.bus import MemgateClient
 from tests.conftest import ADMIN_TOKEN, free_port
 from tests.test_memories import PERSONAL
 

@@ -1,0 +1,32 @@
+"""memgate: governed long-term memory for AI agents, an async actor system over NATS.
+
+What an agent imports: `from memgate import MemgateClient`, and the typed errors it raises.
+"""
+
+from memgate.bus.client import MemgateClient
+from memgate.contracts.errors import (
+    AgentMemoryDisabledError,
+    AgentMemoryEmptyError,
+    AgentMemoryFullError,
+    AgentMemoryPersonalDataError,
+    ContextSetScopeRefusedError,
+    ErrorCode,
+    ForbiddenError,
+    InsufficientScopeError,
+    InternalError,
+    MemgateError,
+    NonRetainingWorkspaceError,
+    NotFoundError,
+    RateLimitedError,
+    UnauthenticatedError,
+    UnavailableError,
+    ValidationFailedError,
+)
+
+__all__ = [
+    "AgentMemoryDisabledError", "AgentMemoryEmptyError", "AgentMemoryFullError",
+    "AgentMemoryPersonalDataError", "ContextSetScopeRefusedError", "ErrorCode", "ForbiddenError",
+    "InsufficientScopeError", "InternalError", "MemgateClient", "MemgateError",
+    "NonRetainingWorkspaceError", "NotFoundError", "RateLimitedError", "UnauthenticatedError",
+    "UnavailableError", "ValidationFailedError",
+]

@@ -1,0 +1,316 @@
+"""The directory actor: owns workspaces, members and credentials (SPEC §2.1–§2.4).
+
+It answers the admin commands (`mem.admin.*`, member or operator token) and resolves agent
+credentials to principals for governance (`mem.int.dir.principal`), re-reading role, scopes and
+settings at every use so that demotion and revocation bite at once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus.server import PUBLIC_COMMANDS, new_agent_seed
+from memgate.contracts import (
+    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
+    DeleteOwnMemories, Done, Envelope, ForgetResult, ListRequest, ListResult, MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
+    PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
+)
+from memgate.contracts.errors import (
+    ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
+    UnavailableError, ValidationFailedError,
+)
+from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
+from memgate.contracts.registry import Scope as ContextScope
+from memgate.contracts.registry import ScopeRequest
+from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
+
+AdminHandler = Callable[[Envelope], Awaitable[Contract]]
+
+
+def _settings(ws: WorkspaceRow) -> WorkspaceSettings:
+    return WorkspaceSettings(agent_memories_enabled=ws.agent_memories_enabled,
+                             retention_days=ws.retention_days, non_retaining=ws.non_retaining)
+
+
+def check_grantable(role: Role, scopes: list[Scope]) -> None:
+    """A scope may be granted only to a member whose role reaches its minimum (SPEC §2.1)."""
+    for scope in scopes:
+        if role.rank < scope.minimum_role.rank:
+            raise InsufficientScopeError(
+                f"{scope.value} needs the role {scope.minimum_role.value} or higher",
+                {"scope": scope.value, "role": role.value})
+
+
+class DirectoryActor:
+    name = "directory"
+
+    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: BusClient,
+                 partitions: int = 1) -> None:
+        self._path = path
+        self._partitions = partitions
+        self._bus = bus
+        self._admin_token = admin_token  # read at start: only the directory needs it
+        self._admin_hash = ""
+        self._serial = Serial("directory")
+        self._store: DirectoryStore | None = None
+
+    async def start(self) -> None:
+        self._admin_hash = hash_token(self._admin_token())
+        self._store = await self._serial(DirectoryStore, self._path)
+
+    async def stop(self) -> None:
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    @property
+    def store(self) -> DirectoryStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
+        router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
+        router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
+        admin: dict[str, AdminHandler] = {
+            "workspaces.create": self.create_workspace,
+            "members.add": self.add_member,
+            "members.patch": self.patch_member,
+            "credentials.create": self.create_credential,
+            "credentials.revoke": self.revoke_credential,
+            "settings.get": self.get_settings,
+            "settings.put": self.put_settings,
+            "self.list": self.list_own_memories,
+            "self.delete": self.delete_own_memories,
+            "owner.purge": self.purge_workspace_memories,
+            "nats.create": self.create_nats_agent,
+            "nats.revoke": self.revoke_nats_agent,
+        }
+        for operation, handler in admin.items():
+            router.subscriber(subjects.admin(operation))(replying(self._enveloped(handler)))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    @staticmethod
+    def _enveloped(handler: AdminHandler) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            return await handler(parse(Envelope, payload))
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    # --- credentials → principals (governance asks, on every command) ---
+
+    async def principal(self, payload: bytes) -> Principal:
+        request = parse(PrincipalRequest, payload)
+        return await self._serial(self._principal, request.token_hash)
+
+    def _principal(self, token_hash: str) -> Principal:
+        credential = self.store.credential_by_token(token_hash)
+        if credential is None:
+            raise UnauthenticatedError("unknown or revoked credential")
+        member = self.store.member(credential.workspace_id, credential.member_id)
+        workspace = self.store.workspace(credential.workspace_id)
+        if member is None or workspace is None:
+            raise UnauthenticatedError("unknown or revoked credential")
+        return Principal(
+            workspace_id=workspace.workspace_id, member_id=member.member_id,
+            credential_id=credential.credential_id, role=Role(member.role),
+            scopes=frozenset(Scope(s) for s in credential.scopes),
+            context_set_id=credential.context_set_id, settings=_settings(workspace))
+
+    # --- who is calling an admin command ---
+
+    async def owner_check(self, payload: bytes) -> Done:
+        """For the registry: the operator, or the owner of the workspace, may change it."""
+        check = parse(OwnerCheck, payload)
+        if secrets.compare_digest(check.token_hash, self._admin_hash):
+            return Done()
+
+        def as_owner() -> Done:
+            member = self.store.member_by_token(check.token_hash)
+            if member is None:
+                raise UnauthenticatedError("unknown token")
+            if member.workspace_id != check.workspace_id:
+                raise NotFoundError("no such workspace")
+            if member.role != Role.OWNER:
+                raise ForbiddenError("only the workspace owner may do this")
+            return Done()
+
+        return await self._serial(as_owner)
+
+    def _operator(self, token: str | None) -> None:
+        if not token or not secrets.compare_digest(hash_token(token), self._admin_hash):
+            raise UnauthenticatedError("the operator token is required")
+
+    def _member(self, envelope: Envelope, *, owner: bool = False) -> MemberRow:
+        if not envelope.token:
+            raise UnauthenticatedError("a member token is required")
+        member = self.store.member_by_token(hash_token(envelope.token))
+        if member is None:
+            raise UnauthenticatedError("unknown member token")
+        if member.workspace_id != envelope.params.get("wsId"):
+            raise NotFoundError("no such workspace")
+        if owner and member.role != Role.OWNER:
+            raise ForbiddenError("only the workspace owner may do this")
+        return member
+
+    # --- admin commands ---
+
+    async def create_workspace(self, envelope: Envelope) -> WorkspaceCreated:
+        self._operator(envelope.token)
+        body = parse(CreateWorkspace, envelope.body)
+
+        def create() -> WorkspaceCreated:
+            workspace_id = self.store.create_workspace(body.name, body.non_retaining)
+            member_id, token = self.store.add_member(workspace_id, "owner", Role.OWNER.value)
+            return WorkspaceCreated(workspace_id=workspace_id,
+                                    owner=MemberToken(member_id=member_id, member_token=token))
+
+        return await self._serial(create)
+
+    async def add_member(self, envelope: Envelope) -> MemberToken:
+        body = parse(AddMember, envelope.body)
+
+        def add() -> MemberToken:
+            owner = self._member(envelope, owner=True)
+            member_id, token = self.store.add_member(owner.workspace_id, body.name, body.role.value)
+            return MemberToken(member_id=member_id, member_token=token)
+
+        return await self._serial(add)
+
+    async def patch_member(self, envelope: Envelope) -> MemberView:
+        body = parse(PatchMember, envelope.body)
+
+        def patch() -> MemberView:
+            owner = self._member(envelope, owner=True)
+            target = self.store.member(owner.workspace_id, envelope.params.get("memberId", ""))
+            if target is None:
+                raise NotFoundError("no such member")
+            if body.role is not None:
+                self.store.set_role(owner.workspace_id, target.member_id, body.role.value)
+            return MemberView(member_id=target.member_id, name=target.name,
+                              role=body.role or Role(target.role))
+
+        return await self._serial(patch)
+
+    async def create_credential(self, envelope: Envelope) -> CredentialCreated:
+        body = parse(CreateCredential, envelope.body)
+        if body.context_set_id is not None:
+            scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
+                workspace_id=envelope.params.get("wsId", ""), context_set_id=body.context_set_id),
+                ContextScope)
+            if not scope.exists:
+                raise NotFoundError("no such context set", {"field": "contextSetId"})
+        if len(set(body.scopes)) != len(body.scopes):
+            raise ValidationFailedError("scopes must not repeat")
+
+        def create() -> CredentialCreated:
+            member = self._member(envelope)
+            check_grantable(Role(member.role), body.scopes)
+            credential_id, token = self.store.create_credential(
+                member, body.name, [s.value for s in body.scopes], body.context_set_id)
+            return CredentialCreated(credential_id=credential_id, token=token, scopes=body.scopes)
+
+        return await self._serial(create)
+
+    async def revoke_credential(self, envelope: Envelope) -> Done:
+        def revoke() -> Done:
+            member = self._member(envelope)
+            credential = self.store.credential(member.workspace_id,
+                                               envelope.params.get("credentialId", ""))
+            if credential is None or (credential.member_id != member.member_id
+                                      and member.role != Role.OWNER):
+                raise NotFoundError("no such credential")
+            self.store.revoke(credential.credential_id)
+            return Done()
+
+        return await self._serial(revoke)
+
+    async def get_settings(self, envelope: Envelope) -> WorkspaceSettings:
+        def get() -> WorkspaceSettings:
+            member = self._member(envelope)
+            workspace = self.store.workspace(member.workspace_id)
+            assert workspace is not None
+            return _settings(workspace)
+
+        return await self._serial(get)
+
+    async def put_settings(self, envelope: Envelope) -> WorkspaceSettings:
+        body = parse(SettingsUpdate, envelope.body)
+
+        def put() -> WorkspaceSettings:
+            owner = self._member(envelope, owner=True)
+            self.store.update_settings(owner.workspace_id,
+                                       agent_memories_enabled=body.agent_memories_enabled,
+                                       retention_days=body.retention_days)
+            workspace = self.store.workspace(owner.workspace_id)
+            assert workspace is not None
+            return _settings(workspace)
+
+        return await self._serial(put)
+
+    # --- NATS credentials of agents (the embedded server's users) ---
+
+    async def nats_agents(self, payload: bytes) -> NatsAgents:
+        keys = await self._serial(self.store.nats_agents)
+        return NatsAgents(agents=[NatsAgentKey(public_key=k, inbox_prefix=p) for k, p in keys])
+
+    async def _apply_nats_agents(self) -> None:
+        """Have the embedded server reload its users; answered once applied. Joined to an
+        external NATS (no one answers), the operator manages that server's users instead."""
+        try:
+            await self._bus.request(subjects.NATS_RELOAD, await self.nats_agents(b""), Done)
+        except UnavailableError:
+            return
+
+    async def create_nats_agent(self, envelope: Envelope) -> NatsAgentCreated:
+        self._operator(envelope.token)
+        body = parse(CreateNatsAgent, envelope.body)
+        seed, public_key = new_agent_seed()
+        agent_id, inbox_prefix = await self._serial(self.store.add_nats_agent, body.name,
+                                                    public_key)
+        await self._apply_nats_agents()
+        return NatsAgentCreated(agent_id=agent_id, seed=seed, inbox_prefix=inbox_prefix,
+                                publish=list(PUBLIC_COMMANDS))
+
+    async def revoke_nats_agent(self, envelope: Envelope) -> Done:
+        self._operator(envelope.token)
+        if not await self._serial(self.store.revoke_nats_agent, envelope.params.get("agentId", "")):
+            raise NotFoundError("no such NATS agent")
+        await self._apply_nats_agents()
+        return Done()
+
+    # --- what a member sees and deletes of their own memories; the owner's blind purge (§2.3).
+    # These work while agent memories are disabled: they are the member's, not the agent's.
+
+    def _storage(self, workspace_id: str, operation: str) -> str:
+        return subjects.store(partition_of(workspace_id, self._partitions), operation)
+
+    async def list_own_memories(self, envelope: Envelope) -> ListResult:
+        member = await self._serial(self._member, envelope)
+        request = parse(ListRequest, envelope.body)
+        query = StoreQuery(owner=Owner(tenant=member.workspace_id, subject_id=member.member_id),
+                           namespace=request.namespace, key=request.key,
+                           collection_id=request.collection_id, as_of=request.as_of,
+                           limit=request.limit, cursor=request.cursor)
+        return await self._bus.request(self._storage(member.workspace_id, "list"), query, ListResult)
+
+    async def delete_own_memories(self, envelope: Envelope) -> ForgetResult:
+        member = await self._serial(self._member, envelope)
+        request = parse(DeleteOwnMemories, envelope.body)
+        purge = StorePurge(tenant=member.workspace_id, subject_id=member.member_id,
+                           memory_ids=request.memory_ids)
+        return await self._bus.request(self._storage(member.workspace_id, "purge"), purge,
+                                       ForgetResult)
+
+    async def purge_workspace_memories(self, envelope: Envelope) -> ForgetResult:
+        owner = await self._serial(lambda: self._member(envelope, owner=True))
+        purge = StorePurge(tenant=owner.workspace_id)
+        return await self._bus.request(self._storage(owner.workspace_id, "purge"), purge,
+                                       ForgetResult)

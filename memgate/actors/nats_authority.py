@@ -1,0 +1,57 @@
+"""The NATS authority: keeps the embedded nats-server's users in step with the directory.
+
+It lives in the process that owns the embedded server. The directory asks it to reload after
+every change of agent NATS credentials, and it answers once the server has applied them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from memgate.runtime.actor import ready_route
+from memgate.bus import BusClient, EmbeddedNats, NatsRouter, parse, replying, subjects
+from memgate.bus.server import AgentKey, render_config
+from memgate.contracts import Done, NatsAgents
+from memgate.contracts.errors import UnavailableError
+
+
+class NatsAuthorityActor:
+    name = "nats-authority"
+
+    def __init__(self, *, server: EmbeddedNats, bus: BusClient, user: str, password: str) -> None:
+        self._server = server
+        self._bus = bus
+        self._user = user
+        self._password = password
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.NATS_RELOAD)(replying(self.reload))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def apply(self, agents: NatsAgents) -> None:
+        keys = [AgentKey(a.public_key, a.inbox_prefix) for a in agents.agents]
+        await self._server.reload(render_config(self._user, self._password, keys))
+
+    async def reload(self, payload: bytes) -> Done:
+        await self.apply(parse(NatsAgents, payload))
+        return Done()
+
+    async def sync(self, attempts: int = 100) -> None:
+        """At start: load the agents the directory already knows (waiting for it to listen)."""
+        for _ in range(attempts - 1):
+            try:
+                agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
+                break
+            except UnavailableError:
+                await asyncio.sleep(0.05)
+        else:
+            agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
+        await self.apply(agents)

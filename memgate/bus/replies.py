@@ -1,0 +1,73 @@
+"""Turning handler results and failures into reply bytes, and reply bytes back into values."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from faststream.nats import NatsMessage
+from pydantic import ValidationError
+
+from memgate.contracts import REPLY, Contract, Failure, MemgateError, error_for
+from memgate.contracts.errors import InternalError, ValidationFailedError
+
+log = logging.getLogger("memgate.bus")
+
+T = TypeVar("T", bound=Contract)
+C = TypeVar("C", bound=Contract)
+Handler = Callable[[bytes], Awaitable[Contract]]
+NatsHandler = Callable[[NatsMessage], Awaitable[bytes]]
+
+
+def validation_failure(exc: ValidationError) -> ValidationFailedError:
+    """A VALIDATION_ERROR naming fields and rules, never echoing the input (it may be personal)."""
+    problems = [
+        {"field": ".".join(str(part) for part in err["loc"]), "problem": err["msg"]}
+        for err in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+    return ValidationFailedError("the request is not valid", {"problems": problems})
+
+
+def parse(model: type[C], payload: bytes | str | dict[str, object]) -> C:
+    """Validate `payload` as `model`, raising a VALIDATION_ERROR that carries no input values."""
+    try:
+        if isinstance(payload, dict):
+            return model.model_validate(payload)
+        return model.model_validate_json(payload)
+    except ValidationError as exc:
+        raise validation_failure(exc) from None
+
+
+def ok_bytes(result: Contract) -> bytes:
+    return b'{"v":1,"ok":true,"result":' + result.to_json() + b"}"
+
+
+async def reply_to(handler: Handler, payload: bytes, subject: str) -> bytes:
+    try:
+        return ok_bytes(await handler(payload))
+    except MemgateError as exc:
+        return Failure.of(exc).to_json()
+    except ValidationError as exc:
+        return Failure.of(validation_failure(exc)).to_json()
+    except Exception as exc:  # an unexpected bug: log its type only, never its message (content)
+        log.error("handler on %s failed: %s", subject, type(exc).__name__)
+        return Failure.of(InternalError("internal error")).to_json()
+
+
+def replying(handler: Handler) -> NatsHandler:
+    """Adapt `bytes -> Contract` into a faststream handler whose reply is `Ok` or `Failure`."""
+
+    async def handle(msg: NatsMessage) -> bytes:
+        return await reply_to(handler, msg.body, msg.raw_message.subject)
+
+    handle.__name__ = getattr(handler, "__name__", "handle")
+    return handle
+
+
+def decode_reply(data: bytes, result_type: type[T]) -> T:
+    """The result of a reply, or the typed `MemgateError` its `Failure` carries."""
+    reply = REPLY.validate_json(data)
+    if isinstance(reply, Failure):
+        raise error_for(reply.error.code, reply.error.message, reply.error.details)
+    return result_type.model_validate(reply.result)

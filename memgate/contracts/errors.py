@@ -1,0 +1,161 @@
+"""Error codes of SPEC §3.10, their HTTP statuses, and the exceptions that carry them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    AGENT_MEMORY_EMPTY = "AGENT_MEMORY_EMPTY"
+    AGENT_MEMORY_PERSONAL_DATA = "AGENT_MEMORY_PERSONAL_DATA"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    INSUFFICIENT_SCOPE = "INSUFFICIENT_SCOPE"
+    FORBIDDEN = "FORBIDDEN"
+    AGENT_MEMORY_DISABLED = "AGENT_MEMORY_DISABLED"
+    NON_RETAINING_WORKSPACE = "NON_RETAINING_WORKSPACE"
+    AGENT_CONTEXT_SET_SCOPE_REFUSED = "AGENT_CONTEXT_SET_SCOPE_REFUSED"
+    NOT_FOUND = "NOT_FOUND"
+    AGENT_MEMORY_FULL = "AGENT_MEMORY_FULL"
+    AGENT_MEMORY_RATE_LIMITED = "AGENT_MEMORY_RATE_LIMITED"
+    UNAVAILABLE = "UNAVAILABLE"
+    INTERNAL = "INTERNAL"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.VALIDATION_ERROR: 400,
+    ErrorCode.AGENT_MEMORY_EMPTY: 400,
+    ErrorCode.AGENT_MEMORY_PERSONAL_DATA: 400,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.INSUFFICIENT_SCOPE: 403,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.AGENT_MEMORY_DISABLED: 403,
+    ErrorCode.NON_RETAINING_WORKSPACE: 403,
+    ErrorCode.AGENT_CONTEXT_SET_SCOPE_REFUSED: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.AGENT_MEMORY_FULL: 409,
+    ErrorCode.AGENT_MEMORY_RATE_LIMITED: 429,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.AGENT_MEMORY_RATE_LIMITED})
+
+
+class MemgateError(Exception):
+    """Root of memgate's failures; each carries a stable code and safe details (no content)."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+
+class ValidationFailedError(MemgateError):
+    """Malformed body, lengths, counts, bad dates."""
+
+    code = ErrorCode.VALIDATION_ERROR
+
+
+class AgentMemoryEmptyError(MemgateError):
+    """Nothing is left of the text after masking."""
+
+    code = ErrorCode.AGENT_MEMORY_EMPTY
+
+
+class AgentMemoryPersonalDataError(MemgateError):
+    """Personal data in a namespace or key."""
+
+    code = ErrorCode.AGENT_MEMORY_PERSONAL_DATA
+
+
+class UnauthenticatedError(MemgateError):
+    """Missing, unknown or revoked credential."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class InsufficientScopeError(MemgateError):
+    """Scope missing, or the member's role too low for it."""
+
+    code = ErrorCode.INSUFFICIENT_SCOPE
+
+
+class ForbiddenError(MemgateError):
+    """The caller may not do this."""
+
+    code = ErrorCode.FORBIDDEN
+
+
+class AgentMemoryDisabledError(MemgateError):
+    """The owner has not enabled agent memories."""
+
+    code = ErrorCode.AGENT_MEMORY_DISABLED
+
+
+class NonRetainingWorkspaceError(MemgateError):
+    """The workspace keeps no history."""
+
+    code = ErrorCode.NON_RETAINING_WORKSPACE
+
+
+class ContextSetScopeRefusedError(MemgateError):
+    """Outside the credential's bound context set."""
+
+    code = ErrorCode.AGENT_CONTEXT_SET_SCOPE_REFUSED
+
+
+class NotFoundError(MemgateError):
+    """Unknown id, or one the caller may not see."""
+
+    code = ErrorCode.NOT_FOUND
+
+
+class AgentMemoryFullError(MemgateError):
+    """The member's version limit is reached."""
+
+    code = ErrorCode.AGENT_MEMORY_FULL
+
+
+class RateLimitedError(MemgateError):
+    """The credential's remember rate is reached."""
+
+    code = ErrorCode.AGENT_MEMORY_RATE_LIMITED
+
+
+class UnavailableError(MemgateError):
+    """No actor answered in time; retry."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+class InternalError(MemgateError):
+    """An unexpected failure (details are logged, never returned)."""
+
+    code = ErrorCode.INTERNAL
+
+ERROR_TYPES: dict[ErrorCode, type[MemgateError]] = {
+    cls.code: cls
+    for cls in (
+        ValidationFailedError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
+        UnauthenticatedError, InsufficientScopeError, ForbiddenError, AgentMemoryDisabledError,
+        NonRetainingWorkspaceError, ContextSetScopeRefusedError, NotFoundError,
+        AgentMemoryFullError, RateLimitedError, UnavailableError, InternalError,
+    )
+}
+
+
+def error_for(code: str, message: str, details: dict[str, Any] | None = None) -> MemgateError:
+    """The typed exception for a code received as data (unknown codes become INTERNAL)."""
+    try:
+        cls = ERROR_TYPES[ErrorCode(code)]
+    except ValueError:
+        cls = InternalError
+    return cls(message, details)

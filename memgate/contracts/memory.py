@@ -1,0 +1,115 @@
+"""Agent memory commands (SPEC §3.1) and what they return."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from memgate.contracts.base import Contract, as_utc
+from memgate.contracts.registry import Citation
+
+SourceState = Literal["current", "changed"]
+
+
+class _TimeTravel(Contract):
+    as_of: datetime | None = None
+
+    @field_validator("as_of")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return as_utc(value)
+
+
+class RememberRequest(Contract):
+    namespace: str = Field(min_length=1, max_length=64)
+    text: str = Field(min_length=1, max_length=1000)
+    key: str | None = Field(default=None, min_length=1, max_length=120)
+    collection_id: str | None = Field(default=None, min_length=1, max_length=64)
+    citations: list[str] = Field(default_factory=list, max_length=20)
+
+
+class RecallRequest(_TimeTravel):
+    query: str = Field(min_length=1, max_length=1000)
+    namespace: str | None = Field(default=None, min_length=1, max_length=64)
+    collection_id: str | None = Field(default=None, min_length=1, max_length=64)
+    limit: int = Field(default=10, ge=1, le=50)
+
+
+class ListRequest(_TimeTravel):
+    namespace: str | None = Field(default=None, min_length=1, max_length=64)
+    key: str | None = Field(default=None, min_length=1, max_length=120)
+    collection_id: str | None = Field(default=None, min_length=1, max_length=64)
+    limit: int = Field(default=20, ge=1, le=100)
+    cursor: str | None = Field(default=None, max_length=200)
+
+
+class ForgetRequest(Contract):
+    memory_id: str | None = Field(default=None, min_length=1, max_length=64)
+    namespace: str | None = Field(default=None, min_length=1, max_length=64)
+    key: str | None = Field(default=None, min_length=1, max_length=120)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ForgetRequest:
+        by_key = self.namespace is not None and self.key is not None
+        if (self.memory_id is None) == (not by_key) or (self.memory_id and (self.namespace or self.key)):
+            raise ValueError("give either memoryId, or namespace and key")
+        return self
+
+
+class DeleteOwnMemories(Contract):
+    """Self-service delete (SPEC §2.3): the listed ids, or every agent memory of the member."""
+
+    memory_ids: list[str] | None = Field(default=None, min_length=1, max_length=1000)
+
+
+class Memory(Contract):
+    """A memory as returned to an agent: never evidence, never trusted (SPEC §3.7)."""
+
+    memory_id: str
+    namespace: str
+    key: str | None = None
+    text: str
+    collection_id: str | None = None
+    created_at: datetime
+    superseded_at: datetime | None = None
+    type: Literal["memory"] = "memory"
+    evidence: Literal[False] = False
+    trust: Literal["untrusted"] = "untrusted"
+    source_state: SourceState = "current"
+    citations: list[Citation] = Field(default_factory=list)
+
+
+class RememberResult(Contract):
+    memory_id: str
+    created_at: datetime
+    superseded: int
+    masked: dict[str, int] = Field(default_factory=dict)
+
+
+class ListResult(Contract):
+    memories: list[Memory]
+    next_cursor: str | None = None
+    hidden: int = 0
+
+
+class ForgetResult(Contract):
+    deleted: int
+
+
+class Ranks(Contract):
+    bm25: int | None = None
+    cosine: int | None = None
+    entity: int | None = None
+
+
+class RecalledMemory(Memory):
+    score: float
+    ranks: Ranks
+
+
+class RecallResult(Contract):
+    memories: list[RecalledMemory]
+    degraded: list[str] = Field(default_factory=list)
+    hidden: int = 0

@@ -1,0 +1,50 @@
+"""Coalescing concurrent embedding requests into one model call (batching under load)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from memgate.embedding.model import OnnxEmbedder
+from memgate.runtime.actor import Serial
+
+
+class Batcher:
+    """Coalesces concurrent `embed(text)` calls into batches of up to `size`."""
+
+    def __init__(self, embed: OnnxEmbedder, run: Serial, size: int) -> None:
+        self._embed = embed
+        self._run = run
+        self._size = size
+        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="embedder.batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def embed(self, text: str) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        await self._queue.put((text, future))
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._size and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                vectors = await self._run(self._embed.embed, [text for text, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), vector in zip(batch, vectors, strict=True):
+                if not future.done():
+                    future.set_result(vector)

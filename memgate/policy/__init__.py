@@ -1,0 +1,1 @@
+"""Pure policy, no I/O: masking, authorisation rules, entity matching, rank fusion."""

@@ -1,0 +1,52 @@
+"""What every actor shares: a serial worker thread for its synchronous resources, and routing."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
+
+from memgate.bus import NatsRouter, ok_bytes, replying
+from memgate.contracts.internal import Ready
+
+R = TypeVar("R")
+
+
+class Actor(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def router(self) -> NatsRouter: ...
+
+
+class Serial:
+    """Runs blocking calls one at a time on a thread of their own (one writer, event loop free)."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def __call__(self, fn: Callable[..., R], *args: object) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def partition_of(workspace_id: str, partitions: int) -> str:
+    """The storage partition that owns a workspace (stable, so data never moves by itself)."""
+    return f"p{zlib.crc32(workspace_id.encode()) % partitions}"
+
+
+def ready_route(router: NatsRouter, subject: str, name: str) -> None:
+    """Answer readiness probes for `name` (the REST `/healthz` asks every actor)."""
+
+    async def ready(payload: bytes) -> Ready:
+        return Ready(actor=name)
+
+    router.subscriber(subject)(replying(ready))
+
+
+__all__ = ["Actor", "Serial", "ok_bytes", "partition_of", "ready_route"]

@@ -1,9 +1,0 @@
-"""DuckDB, Tantivy and vector files behind small classes. Only actors import this package."""
-
-from storage.directory import DirectoryStore, hash_token
-from storage.memories import (
-    Filters, LimitReached, Limits, MemoryStore, Row, Stored, decode_cursor, encode_cursor,
-)
-
-__all__ = ["DirectoryStore", "Filters", "LimitReached", "Limits", "MemoryStore", "Row", "Stored", "decode_cursor",
-           "encode_cursor", "hash_token"]
