@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean
+.PHONY: run test check bench install clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,8 +17,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/memgate up $(ARGS)
 
-test: $(STAMP)
+test: check
 	$(BIN)/python -m pytest $(ARGS)
+
+check: $(STAMP)
+	$(BIN)/ruff check memgate tests bench
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.latency $(ARGS)

@@ -22,11 +22,20 @@ from memgate.contracts.errors import (
     UnavailableError,
     ValidationFailedError,
 )
+from memgate.contracts.memory import (
+    ForgetResult,
+    ListResult,
+    Memory,
+    RecalledMemory,
+    RecallResult,
+    RememberResult,
+)
 
 __all__ = [
     "AgentMemoryDisabledError", "AgentMemoryEmptyError", "AgentMemoryFullError",
     "AgentMemoryPersonalDataError", "ContextSetScopeRefusedError", "ErrorCode", "ForbiddenError",
-    "InsufficientScopeError", "InternalError", "MemgateClient", "MemgateError",
+    "ForgetResult", "InsufficientScopeError", "InternalError", "ListResult", "MemgateClient",
+    "MemgateError", "Memory", "RecallResult", "RecalledMemory", "RememberResult",
     "NonRetainingWorkspaceError", "NotFoundError", "RateLimitedError", "UnauthenticatedError",
     "UnavailableError", "ValidationFailedError",
 ]
