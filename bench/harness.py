@@ -42,25 +42,44 @@ class Running:
 
     async def agent(self, token: str) -> MemgateClient:
         """An agent on the bus, with a NATS login of its own."""
-        login = (await self.http.post("/api/admin/nats-agents", json={"name": "bench"},
-                                      headers={"Authorization": f"Bearer {ADMIN}"})).json()
-        return await MemgateClient.connect(self.nats_url, token, nats_seed=login["seed"],
-                                           inbox_prefix=login["inboxPrefix"])
+        login = (
+            await self.http.post(
+                "/api/admin/nats-agents",
+                json={"name": "bench"},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+            )
+        ).json()
+        return await MemgateClient.connect(
+            self.nats_url, token, nats_seed=login["seed"], inbox_prefix=login["inboxPrefix"]
+        )
 
 
 @asynccontextmanager
 async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
     with tempfile.TemporaryDirectory(prefix="memgate-bench-") as tmp:
         data, http_port, nats_port = Path(tmp) / "data", free_port(), free_port()
-        env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN, "MEMGATE_NATS_PORT": str(nats_port),
-               # the benchmark loads thousands of memories with one credential
-               "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "1000000",
-               "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000",
-               **env_overrides}
+        env = {
+            **os.environ,
+            "MEMGATE_ADMIN_TOKEN": ADMIN,
+            "MEMGATE_NATS_PORT": str(nats_port),
+            # the benchmark loads thousands of memories with one credential
+            "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "1000000",
+            "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000",
+            **env_overrides,
+        }
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data),
-            "--http", f"127.0.0.1:{http_port}", env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=None if os.environ.get("BENCH_LOGS") else asyncio.subprocess.DEVNULL)
+            sys.executable,
+            "-m",
+            "memgate.adapters",
+            "up",
+            "--data-dir",
+            str(data),
+            "--http",
+            f"127.0.0.1:{http_port}",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=None if os.environ.get("BENCH_LOGS") else asyncio.subprocess.DEVNULL,
+        )
         http_url = f"http://127.0.0.1:{http_port}"
         async with httpx.AsyncClient(base_url=http_url, timeout=60) as http:
             try:
@@ -79,20 +98,31 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
 
 async def agent_token(running: Running) -> str:
     http = running.http
-    created = (await http.post("/api/admin/workspaces", json={"name": "bench"},
-                               headers={"Authorization": f"Bearer {ADMIN}"})).json()
+    created = (
+        await http.post(
+            "/api/admin/workspaces",
+            json={"name": "bench"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+    ).json()
     ws, owner = created["workspaceId"], created["owner"]["memberToken"]
     auth = {"Authorization": f"Bearer {owner}"}
-    await http.put(f"/api/w/{ws}/ask-history/settings", json={"agentMemoriesEnabled": True},
-                   headers=auth)
-    created = (await http.post(f"/api/w/{ws}/credentials", headers=auth, json={
-        "name": "bench", "scopes": ["memory:read", "memory:write"]})).json()
+    await http.put(
+        f"/api/w/{ws}/ask-history/settings", json={"agentMemoriesEnabled": True}, headers=auth
+    )
+    created = (
+        await http.post(
+            f"/api/w/{ws}/credentials",
+            headers=auth,
+            json={"name": "bench", "scopes": ["memory:read", "memory:write"]},
+        )
+    ).json()
     return str(created["token"])
 
 
-async def consumers_idle(running: Running,
-                         durables: Sequence[str] = ("indexer-p0", "embedder-p0"),
-                         timeout: float = 600) -> float:
+async def consumers_idle(
+    running: Running, durables: Sequence[str] = ("indexer-p0", "embedder-p0"), timeout: float = 600
+) -> float:
     """Seconds until every durable consumer has nothing pending or unacknowledged."""
     nc = await nats.connect(running.nats_url, **running.internal_login())
     js = nc.jetstream()
@@ -111,13 +141,17 @@ async def consumers_idle(running: Running,
 
 def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def row(name: str, samples_ms: Sequence[float]) -> str:
-    return (f"| {name:<34} | {len(samples_ms):>5} | {statistics.median(samples_ms):>8.2f} | "
-            f"{percentile(samples_ms, 95):>8.2f} | {percentile(samples_ms, 99):>8.2f} |")
+    return (
+        f"| {name:<34} | {len(samples_ms):>5} | {statistics.median(samples_ms):>8.2f} | "
+        f"{percentile(samples_ms, 95):>8.2f} | {percentile(samples_ms, 99):>8.2f} |"
+    )
 
 
-HEADER = ("| operation                          |     n |  p50 ms  |  p95 ms  |  p99 ms  |\n"
-          "|------------------------------------|-------|----------|----------|----------|")
+HEADER = (
+    "| operation                          |     n |  p50 ms  |  p95 ms  |  p99 ms  |\n"
+    "|------------------------------------|-------|----------|----------|----------|"
+)

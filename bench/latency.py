@@ -17,7 +17,37 @@ from collections.abc import Awaitable, Callable
 
 from bench.harness import HEADER, agent_token, consumers_idle, memgate_up, row
 
-WORDS = ["deploy", "database", "meeting", "customer", "release", "staging", "budget", "design", "review", "incident", "migration", "invoice", "roadmap", "hiring", "laptop", "vacation", "lunch", "coffee", "metrics", "dashboard", "kubernetes", "postgres", "frontend", "backend", "security", "audit", "onboarding", "travel", "offsite"]
+WORDS = [
+    "deploy",
+    "database",
+    "meeting",
+    "customer",
+    "release",
+    "staging",
+    "budget",
+    "design",
+    "review",
+    "incident",
+    "migration",
+    "invoice",
+    "roadmap",
+    "hiring",
+    "laptop",
+    "vacation",
+    "lunch",
+    "coffee",
+    "metrics",
+    "dashboard",
+    "kubernetes",
+    "postgres",
+    "frontend",
+    "backend",
+    "security",
+    "audit",
+    "onboarding",
+    "travel",
+    "offsite",
+]
 
 
 def note(rng: random.Random, i: int) -> str:
@@ -50,9 +80,11 @@ async def run(size: int, queries: int) -> list[str]:
             await asyncio.gather(*(load(i) for i in range(size)))
             load_s = time.perf_counter() - started
             lag_s = await consumers_idle(running)
-            lines.append(f"N={size}: loaded in {load_s:.1f} s = {size / load_s:.0f} remembers/s "
-                         f"(8 in flight); indexer+embedder drained {lag_s:.2f} s after the last "
-                         "remember returned")
+            lines.append(
+                f"N={size}: loaded in {load_s:.1f} s = {size / load_s:.0f} remembers/s "
+                f"(8 in flight); indexer+embedder drained {lag_s:.2f} s after the last "
+                "remember returned"
+            )
             lines.append(HEADER)
 
             def query() -> str:
@@ -67,19 +99,42 @@ async def run(size: int, queries: int) -> list[str]:
             for _ in range(20):  # warm up both paths
                 await agent.recall(query())
                 await rest("recall", {"query": query()})
-            lines.append(row(f"recall over bus (N={size})",
-                             await timed(lambda: agent.recall(query()), queries)))
-            lines.append(row(f"recall over REST (N={size})",
-                             await timed(lambda: rest("recall", {"query": query()}), queries)))
-            lines.append(row(f"list over bus (N={size})",
-                             await timed(lambda: agent.list(limit=20), queries)))
-            lines.append(row(f"list over REST (N={size})",
-                             await timed(lambda: rest("list", {"limit": 20}), queries)))
-            lines.append(row("remember over bus", await timed(
-                lambda: agent.remember("bench", note(rng, 0)), min(queries, 200))))
-            lines.append(row("remember over REST", await timed(
-                lambda: rest("remember", {"namespace": "bench", "text": note(rng, 0)}),
-                min(queries, 200))))
+            lines.append(
+                row(
+                    f"recall over bus (N={size})",
+                    await timed(lambda: agent.recall(query()), queries),
+                )
+            )
+            lines.append(
+                row(
+                    f"recall over REST (N={size})",
+                    await timed(lambda: rest("recall", {"query": query()}), queries),
+                )
+            )
+            lines.append(
+                row(f"list over bus (N={size})", await timed(lambda: agent.list(limit=20), queries))
+            )
+            lines.append(
+                row(
+                    f"list over REST (N={size})",
+                    await timed(lambda: rest("list", {"limit": 20}), queries),
+                )
+            )
+            lines.append(
+                row(
+                    "remember over bus",
+                    await timed(lambda: agent.remember("bench", note(rng, 0)), min(queries, 200)),
+                )
+            )
+            lines.append(
+                row(
+                    "remember over REST",
+                    await timed(
+                        lambda: rest("remember", {"namespace": "bench", "text": note(rng, 0)}),
+                        min(queries, 200),
+                    ),
+                )
+            )
     return lines
 
 

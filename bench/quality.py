@@ -42,8 +42,9 @@ async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type:
         token = await agent_token(running)
         nc = await nats.connect(running.nats_url, **running.internal_login())
         bus = BusClient(nc)
-        principal = await bus.request("mem.int.dir.principal",
-                                      PrincipalRequest(token_hash=hash_token(token)), Principal)
+        principal = await bus.request(
+            "mem.int.dir.principal", PrincipalRequest(token_hash=hash_token(token)), Principal
+        )
         owner = Owner(tenant=principal.workspace_id, subject_id=principal.member_id)
         results: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
         async with await running.agent(token) as agent:
@@ -52,15 +53,21 @@ async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type:
                 stored = await agent.remember(memory["namespace"], memory["text"])
                 ids[stored.memory_id] = memory["id"]
             await consumers_idle(running)
-            candidates = await bus.request("mem.int.store.p0.candidates",
-                                           StoreQuery(owner=owner, limit=300), Candidates)
+            candidates = await bus.request(
+                "mem.int.store.p0.candidates", StoreQuery(owner=owner, limit=300), Candidates
+            )
             for query in labelled["queries"]:
-                rank = RankRequest(owner=owner, query=query["query"],
-                                   memory_ids=candidates.memory_ids)
+                rank = RankRequest(
+                    owner=owner, query=query["query"], memory_ids=candidates.memory_ids
+                )
                 ranked = {
                     "bm25": (await bus.request("mem.int.index.p0.rank", rank, Ranking)).memory_ids,
-                    "cosine": (await bus.request("mem.int.embed.p0.rank", rank, Ranking)).memory_ids,
-                    "fused": [m.memory_id for m in (await agent.recall(query["query"], limit=5)).memories],
+                    "cosine": (
+                        await bus.request("mem.int.embed.p0.rank", rank, Ranking)
+                    ).memory_ids,
+                    "fused": [
+                        m.memory_id for m in (await agent.recall(query["query"], limit=5)).memories
+                    ],
                 }
                 relevant = set(query["relevant"])
                 for group in ("all", f"lang={query['lang']}", f"kind={query['kind']}"):
@@ -74,8 +81,10 @@ async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type:
 
 def table(results: dict[str, dict[str, list[bool]]]) -> str:
     columns = [f"{m}@{k}" for k in (1, 5) for m in METHODS]
-    lines = ["| queries        |   n | " + " | ".join(f"{c:>9}" for c in columns) + " |",
-             "|----------------|-----|" + "|".join("-" * 11 for _ in columns) + "|"]
+    lines = [
+        "| queries        |   n | " + " | ".join(f"{c:>9}" for c in columns) + " |",
+        "|----------------|-----|" + "|".join("-" * 11 for _ in columns) + "|",
+    ]
     for group in sorted(results, key=lambda g: (g != "all", g)):
         n = len(results[group]["fused@1"])
         cells = " | ".join(f"{sum(results[group][c]) / n:>9.3f}" for c in columns)

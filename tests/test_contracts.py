@@ -71,9 +71,14 @@ def test_every_code_has_a_status_and_round_trips_as_data() -> None:
 
 
 def principal(role: Role, scopes: set[Scope], **settings: bool) -> Principal:
-    return Principal(workspace_id="w", member_id="m", credential_id="c", role=role,
-                     scopes=frozenset(scopes),
-                     settings=WorkspaceSettings(agent_memories_enabled=True).model_copy(update=settings))
+    return Principal(
+        workspace_id="w",
+        member_id="m",
+        credential_id="c",
+        role=role,
+        scopes=frozenset(scopes),
+        settings=WorkspaceSettings(agent_memories_enabled=True).model_copy(update=settings),
+    )
 
 
 def test_governance_decisions() -> None:
@@ -82,10 +87,16 @@ def test_governance_decisions() -> None:
     refusals = [
         (principal(Role.VIEWER, {Scope.WRITE}), Scope.WRITE, InsufficientScopeError),
         (principal(Role.OWNER, {Scope.READ}), Scope.WRITE, InsufficientScopeError),
-        (principal(Role.OWNER, {Scope.WRITE}, agent_memories_enabled=False), Scope.WRITE,
-         AgentMemoryDisabledError),
-        (principal(Role.OWNER, {Scope.WRITE}, non_retaining=True), Scope.WRITE,
-         NonRetainingWorkspaceError),
+        (
+            principal(Role.OWNER, {Scope.WRITE}, agent_memories_enabled=False),
+            Scope.WRITE,
+            AgentMemoryDisabledError,
+        ),
+        (
+            principal(Role.OWNER, {Scope.WRITE}, non_retaining=True),
+            Scope.WRITE,
+            NonRetainingWorkspaceError,
+        ),
     ]
     for who, scope, error in refusals:
         with pytest.raises(error):

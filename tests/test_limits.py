@@ -17,11 +17,23 @@ from tests.conftest import Memgate, run_memgate
 
 async def second_governance_process(memgate: Memgate, tmp_path: Path) -> asyncio.subprocess.Process:
     """`memgate actors --only governance`, joined to the test's NATS as a separate process."""
-    env = {**os.environ, "MEMGATE_NATS_PASSWORD": memgate.bus.options["password"],
-           "MEMGATE_DATA_DIR": str(tmp_path / "second")}
+    env = {
+        **os.environ,
+        "MEMGATE_NATS_PASSWORD": memgate.bus.options["password"],
+        "MEMGATE_DATA_DIR": str(tmp_path / "second"),
+    }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "memgate.adapters", "actors", "--only", "governance",
-        "--nats", memgate.nats_url, env=env, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "memgate.adapters",
+        "actors",
+        "--only",
+        "governance",
+        "--nats",
+        memgate.nats_url,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 60)  # printed once it listens
     assert b"governance" in line
@@ -29,7 +41,8 @@ async def second_governance_process(memgate: Memgate, tmp_path: Path) -> asyncio
 
 
 async def test_the_121st_remember_in_an_hour_is_refused_across_two_governance_processes(
-        memgate: Memgate, tmp_path: Path) -> None:
+    memgate: Memgate, tmp_path: Path
+) -> None:
     second = await second_governance_process(memgate, tmp_path)
     try:
         owner = await memgate.workspace()
@@ -38,10 +51,9 @@ async def test_the_121st_remember_in_an_hour_is_refused_across_two_governance_pr
         async def remember(i: int) -> str:
             try:
                 await agent.remember("load", f"note number {i}")
-                return "ok"
             except RateLimitedError as refused:
-                assert refused.details["retryAfterSeconds"] > 0
-                return "refused"
+                return "refused" if refused.details["retryAfterSeconds"] > 0 else "no retry-after"
+            return "ok"
 
         outcomes = await asyncio.gather(*(remember(i) for i in range(125)))
         assert outcomes.count("ok") == 120
@@ -58,11 +70,17 @@ async def test_rest_says_when_to_retry(memgate: Memgate) -> None:
     token = await memgate.credential(owner)
     headers = {"Authorization": f"Bearer {token}"}
     for i in range(120):
-        response = await memgate.http.post("/api/agent/v1/memories/remember", headers=headers,
-                                           json={"namespace": "n", "text": f"note {i}"})
+        response = await memgate.http.post(
+            "/api/agent/v1/memories/remember",
+            headers=headers,
+            json={"namespace": "n", "text": f"note {i}"},
+        )
         assert response.status_code == 200
-    refused = await memgate.http.post("/api/agent/v1/memories/remember", headers=headers,
-                                      json={"namespace": "n", "text": "one too many"})
+    refused = await memgate.http.post(
+        "/api/agent/v1/memories/remember",
+        headers=headers,
+        json={"namespace": "n", "text": "one too many"},
+    )
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "AGENT_MEMORY_RATE_LIMITED"
     assert 0 < int(refused.headers["Retry-After"]) <= 3600
@@ -80,6 +98,7 @@ async def test_versions_are_capped_per_member_and_forgetting_frees_room(tmp_path
             await agent.remember("n", "one too many")
         await agent.forget(memory_id=first.memory_id)
         assert (await agent.remember("n", "room again")).memory_id
-        other_member = await memgate.agent("rest", await memgate.credential(
-            await memgate.member(owner)))
+        other_member = await memgate.agent(
+            "rest", await memgate.credential(await memgate.member(owner))
+        )
         assert (await other_member.remember("n", "someone else's quota")).memory_id

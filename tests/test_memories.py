@@ -22,11 +22,15 @@ from memgate.contracts.errors import (
 )
 from tests.conftest import Memgate
 
-PERSONAL = ("Mail jane.doe@example.com or call +1 415 555 0100, card 4111 1111 1111 1111, "
-            "IBAN GB82 WEST 1234 5698 7654 32, id 123456782")
+PERSONAL = (
+    "Mail jane.doe@example.com or call +1 415 555 0100, card 4111 1111 1111 1111, "
+    "IBAN GB82 WEST 1234 5698 7654 32, id 123456782"
+)
 
 
-async def test_remember_masks_personal_data_and_says_what_it_masked(memgate: Memgate, transport: str) -> None:
+async def test_remember_masks_personal_data_and_says_what_it_masked(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     first = await agent.remember("contacts", PERSONAL)
     again = await agent.remember("contacts", PERSONAL)
@@ -34,15 +38,18 @@ async def test_remember_masks_personal_data_and_says_what_it_masked(memgate: Mem
     assert first.masked == {"EMAIL": 1, "PHONE": 1, "CARD": 1, "BANK_ACCOUNT": 1, "IL_ID": 1}
     texts = [m.text for m in listed.memories]
     assert texts == [texts[0], texts[0]], "the same input always gives the same output"
-    assert texts[0] == ("Mail [EMAIL] or call [PHONE], card [CARD], IBAN [BANK_ACCOUNT], "
-                        "id [IL_ID]")
+    assert texts[0] == (
+        "Mail [EMAIL] or call [PHONE], card [CARD], IBAN [BANK_ACCOUNT], id [IL_ID]"
+    )
     assert again.memory_id != first.memory_id
     for memory in listed.memories:
         assert (memory.type, memory.evidence, memory.trust) == ("memory", False, "untrusted")
     await agent.close()
 
 
-async def test_personal_data_in_namespace_or_key_is_refused(memgate: Memgate, transport: str) -> None:
+async def test_personal_data_in_namespace_or_key_is_refused(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     with pytest.raises(AgentMemoryPersonalDataError) as by_namespace:
         await agent.remember("jane.doe@example.com", "likes tea")
@@ -54,38 +61,53 @@ async def test_personal_data_in_namespace_or_key_is_refused(memgate: Memgate, tr
     await agent.close()
 
 
-async def test_text_that_is_only_personal_data_is_refused_as_empty(memgate: Memgate, transport: str) -> None:
+async def test_text_that_is_only_personal_data_is_refused_as_empty(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     with pytest.raises(AgentMemoryEmptyError):
         await agent.remember("contacts", " jane.doe@example.com  4111 1111 1111 1111 ")
     await agent.close()
 
 
-@pytest.mark.parametrize("body", [
-    {"namespace": "n" * 65, "text": "ok"},
-    {"namespace": "", "text": "ok"},
-    {"namespace": "ok", "text": "t" * 1001},
-    {"namespace": "ok", "text": "ok", "key": "k" * 121},
-])
-async def test_lengths_of_spec_3_2_are_enforced(memgate: Memgate, transport: str, body: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"namespace": "n" * 65, "text": "ok"},
+        {"namespace": "", "text": "ok"},
+        {"namespace": "ok", "text": "t" * 1001},
+        {"namespace": "ok", "text": "ok", "key": "k" * 121},
+    ],
+)
+async def test_lengths_of_spec_3_2_are_enforced(
+    memgate: Memgate, transport: str, body: dict[str, str]
+) -> None:
     owner = await memgate.workspace()
     token = await memgate.credential(owner)
     if transport == "rest":
-        response = await memgate.http.post("/api/agent/v1/memories/remember", json=body,
-                                           headers={"Authorization": f"Bearer {token}"})
+        response = await memgate.http.post(
+            "/api/agent/v1/memories/remember",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+        )
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "VALIDATION_ERROR"
     else:
         credential = await memgate.nats_agent()
-        nc = await nats.connect(memgate.nats_url, nkeys_seed_str=credential["seed"],
-                                inbox_prefix=credential["inboxPrefix"])
+        nc = await nats.connect(
+            memgate.nats_url,
+            nkeys_seed_str=credential["seed"],
+            inbox_prefix=credential["inboxPrefix"],
+        )
         with pytest.raises(ValidationFailedError) as failure:
             await BusClient(nc).command(subjects.REMEMBER, token, body, RememberResult)
         assert failure.value.details["problems"]
         await nc.close()
 
 
-async def test_same_key_supersedes_and_list_shows_current_versions_newest_first(memgate: Memgate, transport: str) -> None:
+async def test_same_key_supersedes_and_list_shows_current_versions_newest_first(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     first = await agent.remember("prefs", "deploys on Fridays", key="deploy-day")
     await agent.remember("prefs", "likes green tea")
@@ -93,7 +115,9 @@ async def test_same_key_supersedes_and_list_shows_current_versions_newest_first(
     listed = await agent.list()
     assert (first.superseded, second.superseded) == (0, 1)
     assert [m.text for m in listed.memories] == ["deploys on Thursdays", "likes green tea"]
-    assert [m.text for m in (await agent.list(key="deploy-day")).memories] == ["deploys on Thursdays"]
+    assert [m.text for m in (await agent.list(key="deploy-day")).memories] == [
+        "deploys on Thursdays"
+    ]
     await agent.close()
 
 
@@ -111,7 +135,9 @@ async def test_list_as_of_shows_what_was_current_then(memgate: Memgate, transpor
     await agent.close()
 
 
-async def test_list_pages_with_an_opaque_cursor_stable_under_new_writes(memgate: Memgate, transport: str) -> None:
+async def test_list_pages_with_an_opaque_cursor_stable_under_new_writes(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     for i in range(5):
         await agent.remember("notes", f"note number {i}")
@@ -127,7 +153,9 @@ async def test_list_pages_with_an_opaque_cursor_stable_under_new_writes(memgate:
     await agent.close()
 
 
-async def test_forget_by_key_deletes_every_version_and_by_id_one(memgate: Memgate, transport: str) -> None:
+async def test_forget_by_key_deletes_every_version_and_by_id_one(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport, "editor")
     await agent.remember("prefs", "v1", key="k")
     await agent.remember("prefs", "v2", key="k")
@@ -142,7 +170,9 @@ async def test_forget_by_key_deletes_every_version_and_by_id_one(memgate: Memgat
     await agent.close()
 
 
-async def test_someone_elses_memory_is_invisible_and_cannot_be_forgotten(memgate: Memgate, transport: str) -> None:
+async def test_someone_elses_memory_is_invisible_and_cannot_be_forgotten(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     alice, bob = await memgate.member(owner), await memgate.member(owner)
     alice_agent = await memgate.agent(transport, await memgate.credential(alice))
@@ -160,15 +190,24 @@ async def test_someone_elses_memory_is_invisible_and_cannot_be_forgotten(memgate
         await agent.close()
 
 
-async def test_missing_or_unknown_or_revoked_credential_is_unauthenticated(memgate: Memgate, transport: str) -> None:
+async def test_missing_or_unknown_or_revoked_credential_is_unauthenticated(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     token = await memgate.credential(owner)
     for bad in ("mga_unknown", token):
         if bad == token:
-            created = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/credentials",
-                                       owner.token, {"name": "x", "scopes": ["memory:read"]})
-            await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/credentials/"
-                             f"{created['credentialId']}", owner.token)
+            created = await memgate.ok(
+                "POST",
+                f"/api/w/{owner.workspace_id}/credentials",
+                owner.token,
+                {"name": "x", "scopes": ["memory:read"]},
+            )
+            await memgate.ok(
+                "DELETE",
+                f"/api/w/{owner.workspace_id}/credentials/{created['credentialId']}",
+                owner.token,
+            )
             bad = created["token"]
         agent = await memgate.agent(transport, bad)
         with pytest.raises(UnauthenticatedError):
@@ -196,20 +235,30 @@ async def test_missing_scope_is_insufficient_scope(memgate: Memgate, transport: 
 async def test_a_viewer_cannot_be_granted_write(memgate: Memgate) -> None:
     owner = await memgate.workspace()
     viewer = await memgate.member(owner, "viewer")
-    response = await memgate.admin("POST", f"/api/w/{owner.workspace_id}/credentials",
-                                   viewer.token, {"name": "a", "scopes": ["memory:write"]})
+    response = await memgate.admin(
+        "POST",
+        f"/api/w/{owner.workspace_id}/credentials",
+        viewer.token,
+        {"name": "a", "scopes": ["memory:write"]},
+    )
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "INSUFFICIENT_SCOPE"
     assert await memgate.credential(viewer, ("memory:read",))
 
 
-async def test_a_member_demoted_after_creating_a_credential_is_refused_at_use(memgate: Memgate, transport: str) -> None:
+async def test_a_member_demoted_after_creating_a_credential_is_refused_at_use(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     editor = await memgate.member(owner, "editor")
     agent = await memgate.agent(transport, await memgate.credential(editor))
     await agent.remember("n", "before demotion")
-    await memgate.ok("PATCH", f"/api/w/{owner.workspace_id}/members/{editor.member_id}",
-                     owner.token, {"role": "viewer"})
+    await memgate.ok(
+        "PATCH",
+        f"/api/w/{owner.workspace_id}/members/{editor.member_id}",
+        owner.token,
+        {"role": "viewer"},
+    )
     with pytest.raises(InsufficientScopeError):
         await agent.remember("n", "after demotion")
     assert [m.text for m in (await agent.list()).memories] == ["before demotion"]
@@ -218,8 +267,9 @@ async def test_a_member_demoted_after_creating_a_credential_is_refused_at_use(me
 
 async def test_agent_memories_are_off_by_default(memgate: Memgate, transport: str) -> None:
     owner = await memgate.workspace(enabled=False)
-    settings = await memgate.ok("GET", f"/api/w/{owner.workspace_id}/ask-history/settings",
-                                owner.token)
+    settings = await memgate.ok(
+        "GET", f"/api/w/{owner.workspace_id}/ask-history/settings", owner.token
+    )
     assert settings == {"agentMemoriesEnabled": False, "retentionDays": 90, "nonRetaining": False}
     agent = await memgate.agent(transport, await memgate.credential(owner))
     with pytest.raises(AgentMemoryDisabledError):
@@ -229,7 +279,9 @@ async def test_agent_memories_are_off_by_default(memgate: Memgate, transport: st
     await agent.close()
 
 
-async def test_a_non_retaining_workspace_refuses_every_operation(memgate: Memgate, transport: str) -> None:
+async def test_a_non_retaining_workspace_refuses_every_operation(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace(non_retaining=True)
     agent = await memgate.agent(transport, await memgate.credential(owner))
     for call in (agent.remember("n", "text"), agent.list(), agent.forget(memory_id="x")):

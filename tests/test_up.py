@@ -20,12 +20,23 @@ from tests.test_memories import PERSONAL
 
 
 @asynccontextmanager
-async def memgate_up(data_dir: Path, http_port: int, nats_port: int) -> AsyncIterator[httpx.AsyncClient]:
+async def memgate_up(
+    data_dir: Path, http_port: int, nats_port: int
+) -> AsyncIterator[httpx.AsyncClient]:
     env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN, "MEMGATE_NATS_PORT": str(nats_port)}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters", "up", "--data-dir", str(data_dir),
-        "--http", f"127.0.0.1:{http_port}", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "adapters",
+        "up",
+        "--data-dir",
+        str(data_dir),
+        "--http",
+        f"127.0.0.1:{http_port}",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
         try:
             for _ in range(600):
@@ -47,36 +58,56 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
     http_port, nats_port = free_port(), free_port()
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with memgate_up(data, http_port, nats_port) as http:
-        created = (await http.post("/api/admin/workspaces", json={"name": "acme"}, headers=auth)).json()
+        created = (
+            await http.post("/api/admin/workspaces", json={"name": "acme"}, headers=auth)
+        ).json()
         ws, owner = created["workspaceId"], created["owner"]["memberToken"]
         owner_auth = {"Authorization": f"Bearer {owner}"}
-        await http.put(f"/api/w/{ws}/ask-history/settings", json={"agentMemoriesEnabled": True},
-                       headers=owner_auth)
-        token = (await http.post(f"/api/w/{ws}/credentials", headers=owner_auth, json={
-            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
-        nats_agent = (await http.post("/api/admin/nats-agents", json={"name": "bot"},
-                                      headers=auth)).json()
+        await http.put(
+            f"/api/w/{ws}/ask-history/settings",
+            json={"agentMemoriesEnabled": True},
+            headers=owner_auth,
+        )
+        token = (
+            await http.post(
+                f"/api/w/{ws}/credentials",
+                headers=owner_auth,
+                json={"name": "bot", "scopes": ["memory:read", "memory:write"]},
+            )
+        ).json()["token"]
+        nats_agent = (
+            await http.post("/api/admin/nats-agents", json={"name": "bot"}, headers=auth)
+        ).json()
         login = {"nats_seed": nats_agent["seed"], "inbox_prefix": nats_agent["inboxPrefix"]}
-        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token,
-                                               **login) as agent:
+        async with await MemgateClient.connect(
+            f"nats://127.0.0.1:{nats_port}", token, **login
+        ) as agent:
             await agent.remember("contacts", PERSONAL, key="jane")
             await agent.remember("prefs", "deploys on Fridays")
         openapi = (await http.get("/openapi.json")).json()
         assert "/api/agent/v1/memories/remember" in openapi["paths"]
 
-    async with memgate_up(data, http_port, nats_port):
-        async with await MemgateClient.connect(f"nats://127.0.0.1:{nats_port}", token,
-                                               **login) as agent:
-            texts = [m.text for m in (await agent.list()).memories]
-    assert texts == ["deploys on Fridays", "Mail [EMAIL] or call [PHONE], card [CARD], "
-                     "IBAN [BANK_ACCOUNT], id [IL_ID]"]
+    async with memgate_up(data, http_port, nats_port), await MemgateClient.connect(
+        f"nats://127.0.0.1:{nats_port}", token, **login
+    ) as agent:
+        texts = [m.text for m in (await agent.list()).memories]
+    assert texts == [
+        "deploys on Fridays",
+        "Mail [EMAIL] or call [PHONE], card [CARD], IBAN [BANK_ACCOUNT], id [IL_ID]",
+    ]
 
     for path in data.rglob("*"):
         if path.is_file():
             content = path.read_bytes()
             secrets = (token.encode(), owner.encode(), nats_agent["seed"].encode())
-            for clear in (b"jane.doe", b"415 555 0100", b"4111 1111", b"GB82", b"123456782",
-                          *secrets):  # tokens and seeds are kept as hashes / public keys only
+            for clear in (
+                b"jane.doe",
+                b"415 555 0100",
+                b"4111 1111",
+                b"GB82",
+                b"123456782",
+                *secrets,
+            ):  # tokens and seeds are kept as hashes / public keys only
                 assert clear not in content, f"{clear!r} reached {path.relative_to(data)}"
 
 
@@ -84,13 +115,20 @@ def cli(*args: str, token: str | None = None) -> dict[str, object]:
     env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}
     if token is not None:
         env["MEMGATE_TOKEN"] = token
-    done = subprocess.run([sys.executable, "-m", "adapters", "admin", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "adapters", "admin", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(json.loads(done.stdout))
 
 
-async def test_the_admin_command_line_sets_up_an_agent_that_works_on_the_bus(tmp_path: Path) -> None:
+async def test_the_admin_command_line_sets_up_an_agent_that_works_on_the_bus(
+    tmp_path: Path,
+) -> None:
     http_port, nats_port = free_port(), free_port()
     async with memgate_up(tmp_path / "data", http_port, nats_port):
         url = f"http://127.0.0.1:{http_port}"
@@ -98,13 +136,27 @@ async def test_the_admin_command_line_sets_up_an_agent_that_works_on_the_bus(tmp
         ws = str(created["workspaceId"])
         owner = str(created["owner"]["memberToken"])  # type: ignore[index]
         await asyncio.to_thread(cli, "settings", ws, "--agent-memories", "--url", url, token=owner)
-        credential = await asyncio.to_thread(cli, "create-credential", ws, "bot", "--scope",
-                                             "memory:read", "--scope", "memory:write", "--url",
-                                             url, token=owner)
+        credential = await asyncio.to_thread(
+            cli,
+            "create-credential",
+            ws,
+            "bot",
+            "--scope",
+            "memory:read",
+            "--scope",
+            "memory:write",
+            "--url",
+            url,
+            token=owner,
+        )
         login = await asyncio.to_thread(cli, "nats-credential", "bot", "--url", url)
         async with await MemgateClient.connect(
-                f"nats://127.0.0.1:{nats_port}", str(credential["token"]),
-                nats_seed=str(login["seed"]), inbox_prefix=str(login["inboxPrefix"])) as agent:
+            f"nats://127.0.0.1:{nats_port}",
+            str(credential["token"]),
+            nats_seed=str(login["seed"]),
+            inbox_prefix=str(login["inboxPrefix"]),
+        ) as agent:
             await agent.remember("prefs", "set up from the command line")
             assert [m.text for m in (await agent.list()).memories] == [
-                "set up from the command line"]
+                "set up from the command line"
+            ]

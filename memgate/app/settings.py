@@ -7,7 +7,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BUNDLED_TOKENIZER = Path(__file__).resolve().parent.parent / "embedding/models/minilm/tokenizer.json"
+BUNDLED_TOKENIZER = (Path(__file__).resolve().parent.parent
+                     / "embedding/models/minilm/tokenizer.json")
 
 
 def default_model() -> Path:
