@@ -48,7 +48,7 @@ def test_only_candidates_are_ranked(tmp_path: Path) -> None:
 
 def test_a_rebuild_drops_terms_and_the_old_generation(tmp_path: Path) -> None:
     owner = index(tmp_path)
-    assert owner.terms_with_prefix("text", "postgr")
+    assert owner.terms_with_prefix("text", "postgr") == ["postgr"]
     owner.rebuild(MEMORIES[:3])
     assert owner.terms_with_prefix("text", "postgr") == []
     assert [p.name for p in (tmp_path / "owner").iterdir()] == ["gen-1"]

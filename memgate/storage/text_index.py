@@ -164,7 +164,9 @@ class OwnerIndex:
         return [searcher.doc(address)["memory_id"][0] for _, address in hits]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
-        return list(self._index.searcher().terms_with_prefix(field, prefix))
+        """The indexed terms of `field` that start with `prefix` (without their frequencies)."""
+        pairs: list[tuple[str, int]] = self._index.searcher().terms_with_prefix(field, prefix)
+        return [term for term, _ in pairs]
 
 
 class TextIndexes:
