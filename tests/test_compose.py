@@ -24,7 +24,7 @@ def test_compose_parses_and_its_command_lines_exist() -> None:
 
     memgate = services["memgate"]["command"]
     assert memgate[:2] == ["memgate", "up"]
-    help_text = subprocess.run([sys.executable, "-m", "adapters", "up", "--help"],
+    help_text = subprocess.run([sys.executable, "-m", "memgate.adapters", "up", "--help"],
                                capture_output=True, text=True, check=True).stdout
     for option in options(memgate):
         assert option in help_text, option
