@@ -75,7 +75,7 @@ async def nats_login_env(memgate: Memgate) -> dict[str, str]:
 async def over_stdio(memgate: Memgate, token: str, errlog: Path,
                      transcript: Transcript) -> AsyncIterator[ClientSession]:
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "adapters", "mcp", "--nats", memgate.nats_url,
+        command=sys.executable, args=["-m", "memgate.adapters", "mcp", "--nats", memgate.nats_url,
                                       "--token", token],
         env=await nats_login_env(memgate), cwd=REPO)
     with errlog.open("w") as log:

@@ -116,7 +116,7 @@ def cli(*args: str, token: str | None = None) -> dict[str, object]:
     if token is not None:
         env["MEMGATE_TOKEN"] = token
     done = subprocess.run(
-        [sys.executable, "-m", "adapters", "admin", *args],
+        [sys.executable, "-m", "memgate.adapters", "admin", *args],
         env=env,
         capture_output=True,
         text=True,
