@@ -1,10 +1,11 @@
 # Two commands for a newcomer: `make run` and `make test`. Both create .venv on first use.
+# `make test-fast` runs only the fast tier (tests/unit: in memory, no nats-server, no ONNX).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench install clean
+.PHONY: run test test-fast check bench install clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +20,9 @@ run: $(STAMP)
 
 test: check
 	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -m unit $(ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check memgate tests bench

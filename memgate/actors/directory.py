@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.ports.bus import Requester
 from memgate.bus.server import PUBLIC_COMMANDS, new_agent_seed
 from memgate.contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
@@ -48,7 +49,7 @@ def check_grantable(role: Role, scopes: list[Scope]) -> None:
 class DirectoryActor:
     name = "directory"
 
-    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: BusClient,
+    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: Requester,
                  partitions: int = 1) -> None:
         self._path = path
         self._partitions = partitions

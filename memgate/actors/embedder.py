@@ -14,7 +14,8 @@ import numpy as np
 
 from memgate.embedding.batching import Batcher
 from memgate.runtime.actor import Serial, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.ports.bus import Bus
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
 from memgate.embedding.model import OnnxEmbedder
@@ -23,7 +24,7 @@ from memgate.storage.vectors import VectorStore
 
 class EmbedderActor:
     def __init__(self, *, partition: str, path: Path, model: Path, tokenizer: Path,
-                 bus: BusClient, batch: int = 32) -> None:
+                 bus: Bus, batch: int = 32) -> None:
         self.partition = partition
         self.name = f"embedder.{partition}"
         self._path = path

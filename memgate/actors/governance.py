@@ -9,56 +9,46 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from memgate.policy.masking import contains_personal_data, mask
-from memgate.runtime.actor import partition_of, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
     RecallRequest, RecallResult, RememberRequest, RememberResult, Scope,
 )
 from memgate.contracts.errors import (
-    AgentMemoryDisabledError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
-    ContextSetScopeRefusedError, InsufficientScopeError, NonRetainingWorkspaceError,
-    UnauthenticatedError,
+    AgentMemoryEmptyError, ContextSetScopeRefusedError, UnauthenticatedError,
 )
-from memgate.contracts.internal import (
-    Owner, PrincipalRequest, RecallQuery, StoreForget, StoreQuery, StoreRemember,
-)
-from memgate.ports.registry import reverify
-from memgate.contracts.registry import CheckRemember, Citation, Citations, ScopeRequest
-from memgate.contracts.registry import Scope as ContextScope
+from memgate.contracts.internal import Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember
+from memgate.contracts.registry import CheckRemember, Citation
+from memgate.policy.authorisation import authorise, refuse_personal_data
+from memgate.policy.citations import apply, cited
+from memgate.policy.masking import mask
+from memgate.ports.bus import Requester
+from memgate.ports.directory import BusDirectory, Directory
+from memgate.ports.registry import BusRegistry, Registry
+from memgate.ports.storage import BusStorage, Storage
+from memgate.runtime.actor import ready_route
 from memgate.storage.directory import hash_token
 
 QUEUE = "governance"
 
-
-def authorise(principal: Principal, scope: Scope) -> None:
-    """The workspace and role rules of SPEC §2.1–§2.2, in the order a caller can fix them."""
-    if principal.settings.non_retaining:
-        raise NonRetainingWorkspaceError("this workspace keeps no history")
-    if not principal.settings.agent_memories_enabled:
-        raise AgentMemoryDisabledError("the workspace owner has not enabled agent memories")
-    if scope not in principal.scopes:
-        raise InsufficientScopeError(f"the credential lacks {scope.value}", {"scope": scope.value})
-    if principal.role.rank < scope.minimum_role.rank:
-        raise InsufficientScopeError(
-            f"{scope.value} needs the role {scope.minimum_role.value}; the member's role is lower",
-            {"scope": scope.value})
-
-
-def refuse_personal_data(**fields: str | None) -> None:
-    for name, value in fields.items():
-        if value is not None and contains_personal_data(value):
-            raise AgentMemoryPersonalDataError(f"{name} must not contain personal data",
-                                               {"field": name})
+__all__ = ["GovernanceActor", "authorise", "refuse_personal_data"]
 
 
 class GovernanceActor:
     name = "governance"
 
-    def __init__(self, *, bus: BusClient, partitions: int) -> None:
-        self._bus = bus
-        self._partitions = partitions
+    def __init__(self, *, directory: Directory, registry: Registry, storage: Storage,
+                 recall: Requester) -> None:
+        self._directory = directory
+        self._registry = registry
+        self._storage = storage
+        self._recall = recall
+
+    @classmethod
+    def on_bus(cls, bus: Requester, *, partitions: int) -> GovernanceActor:
+        """Governance whose collaborators are the other actors, reached over `bus`."""
+        return cls(directory=BusDirectory(bus), registry=BusRegistry(bus),
+                   storage=BusStorage(bus, partitions=partitions), recall=bus)
 
     async def start(self) -> None:
         return None
@@ -80,9 +70,7 @@ class GovernanceActor:
     async def _principal(self, envelope: Envelope, scope: Scope) -> Principal:
         if not envelope.token:
             raise UnauthenticatedError("a credential is required")
-        principal = await self._bus.request(
-            subjects.DIRECTORY_PRINCIPAL, PrincipalRequest(token_hash=hash_token(envelope.token)),
-            Principal)
+        principal = await self._directory.principal(hash_token(envelope.token))
         authorise(principal, scope)
         return principal
 
@@ -91,15 +79,10 @@ class GovernanceActor:
         an explicit collection outside the set is refused (SPEC §3.8)."""
         if principal.context_set_id is None:
             return None
-        scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
-            workspace_id=principal.workspace_id, context_set_id=principal.context_set_id),
-            ContextScope)
+        scope = await self._registry.scope(principal.workspace_id, principal.context_set_id)
         if collection_id is not None and collection_id not in scope.collection_ids:
             raise ContextSetScopeRefusedError("the collection is outside the bound context set")
         return scope.collection_ids
-
-    def _store(self, principal: Principal, operation: str) -> str:
-        return subjects.store(partition_of(principal.workspace_id, self._partitions), operation)
 
     @staticmethod
     def _owner(principal: Principal) -> Owner:
@@ -116,38 +99,37 @@ class GovernanceActor:
                                         {"masked": masked.counts})
         citations: list[Citation] = []
         if request.collection_id or request.citations or principal.context_set_id:
-            citations = (await self._bus.request(subjects.registry("check_remember"), CheckRemember(
+            citations = await self._registry.check_remember(CheckRemember(
                 workspace_id=principal.workspace_id, context_set_id=principal.context_set_id,
-                collection_id=request.collection_id, passage_ids=request.citations),
-                Citations)).citations
-        command = StoreRemember(
+                collection_id=request.collection_id, passage_ids=request.citations))
+        return await self._storage.remember(StoreRemember(
             owner=self._owner(principal), credential_id=principal.credential_id,
             namespace=request.namespace, key=request.key, collection_id=request.collection_id,
             text=masked.text, masked=masked.counts,
-            retention_days=principal.settings.retention_days, citations=citations)
-        return await self._bus.request(self._store(principal, "remember"), command, RememberResult)
+            retention_days=principal.settings.retention_days, citations=citations))
 
     async def list_memories(self, payload: bytes) -> ListResult:
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.READ)
         request = parse(ListRequest, envelope.body)
-        query = StoreQuery(owner=self._owner(principal), namespace=request.namespace,
-                           key=request.key, collection_id=request.collection_id,
-                           collection_ids=await self._scope(principal, request.collection_id),
-                           as_of=request.as_of, limit=request.limit, cursor=request.cursor)
-        page = await self._bus.request(self._store(principal, "list"), query, ListResult)
-        shown, hidden = await reverify(self._bus, principal.workspace_id,
-                                       principal.context_set_id, page.memories)
-        return page.model_copy(update={"memories": shown, "hidden": hidden})
+        page = await self._storage.list(StoreQuery(
+            owner=self._owner(principal), namespace=request.namespace, key=request.key,
+            collection_id=request.collection_id,
+            collection_ids=await self._scope(principal, request.collection_id),
+            as_of=request.as_of, limit=request.limit, cursor=request.cursor))
+        verdict = await self._registry.verify(principal.workspace_id, principal.context_set_id,
+                                              cited(page.memories))
+        return page.model_copy(update={"memories": apply(verdict, page.memories),
+                                       "hidden": len(verdict.hidden)})
 
     async def forget(self, payload: bytes) -> ForgetResult:
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.WRITE)
         request = parse(ForgetRequest, envelope.body)
-        command = StoreForget(owner=self._owner(principal), memory_id=request.memory_id,
-                              namespace=request.namespace, key=request.key,
-                              collection_ids=await self._scope(principal, None))
-        return await self._bus.request(self._store(principal, "forget"), command, ForgetResult)
+        return await self._storage.forget(StoreForget(
+            owner=self._owner(principal), memory_id=request.memory_id,
+            namespace=request.namespace, key=request.key,
+            collection_ids=await self._scope(principal, None)))
 
     async def recall(self, payload: bytes) -> RecallResult:
         envelope = parse(Envelope, payload)
@@ -158,4 +140,4 @@ class GovernanceActor:
                             collection_ids=await self._scope(principal, request.collection_id),
                             context_set_id=principal.context_set_id,
                             as_of=request.as_of, limit=request.limit)
-        return await self._bus.request(subjects.recall_internal(), query, RecallResult)
+        return await self._recall.request(subjects.recall_internal(), query, RecallResult)

@@ -16,14 +16,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from memgate.runtime.actor import Serial, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.ports.bus import Bus
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
 from memgate.storage.text_index import TextIndexes
 
 
 class IndexerActor:
-    def __init__(self, *, partition: str, root: Path, bus: BusClient) -> None:
+    def __init__(self, *, partition: str, root: Path, bus: Bus) -> None:
         self.partition = partition
         self.name = f"indexer.{partition}"
         self._root = root

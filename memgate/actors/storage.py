@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.ports.bus import Consumers
 from memgate.bus.streams import EventPublisher
 from memgate.contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
 from memgate.contracts.errors import (
@@ -49,7 +50,7 @@ def memory_of(row: Row) -> Memory:
 
 
 class StorageActor:
-    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher, bus: BusClient,
+    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher, bus: Consumers,
                  limits: Limits = Limits(), partitions: int = 1) -> None:
         self.partition = partition
         self._partitions = partitions

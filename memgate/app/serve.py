@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 
 import typer
@@ -21,8 +22,9 @@ from memgate.app.system import actor_names, start_system
 class _Server(uvicorn.Server):
     """uvicorn, minus its habit of re-raising Ctrl-C after shutdown: `serve` stops everything."""
 
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def serve(settings: Settings) -> None:
@@ -31,7 +33,8 @@ async def serve(settings: Settings) -> None:
         bus = await start_system(settings, stack)
         url = bus.url
         api = create_app(url, ready_subjects=actor_names(settings),
-                         timeout=settings.request_timeout_s, nats_options=bus.options)
+                         timeout=settings.request_timeout_s, nats_options=bus.options,
+                         max_body_bytes=settings.max_body_bytes)
         config = uvicorn.Config(api, host=settings.http_host, port=settings.http_port,
                                 log_level="warning", timeout_graceful_shutdown=10)
         typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     recall_window: int = Field(default=300, ge=1, le=5000)
     recall_rrf_k: int = Field(default=60, ge=1)
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)
+    # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.
+    recall_bm25_deadline_ms: int = Field(default=10_000, ge=1)
 
     embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
     embedding_tokenizer: Path = BUNDLED_TOKENIZER

@@ -49,13 +49,14 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
         DirectoryActor(path=data / "directory.duckdb",
                        admin_token=lambda: admin_token(settings), bus=bus,
                        partitions=settings.partitions),
-        GovernanceActor(bus=bus, partitions=settings.partitions),
+        GovernanceActor.on_bus(bus, partitions=settings.partitions),
         RegistryActor(path=data / "registry.duckdb", bus=bus),
-        RecallActor(bus=bus, partitions=settings.partitions, window=settings.recall_window,
-                    rrf_k=settings.recall_rrf_k,
-                    cosine_deadline_ms=settings.recall_cosine_deadline_ms,
-                    model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
-                    batch=settings.embedding_batch),
+        RecallActor.on_bus(bus, partitions=settings.partitions, window=settings.recall_window,
+                           rrf_k=settings.recall_rrf_k,
+                           cosine_deadline_ms=settings.recall_cosine_deadline_ms,
+                           bm25_deadline_ms=settings.recall_bm25_deadline_ms,
+                           model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
+                           batch=settings.embedding_batch),
     ]
     for partition in settings.partition_names():
         root = data / "partitions" / partition

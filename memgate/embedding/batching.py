@@ -6,14 +6,14 @@ import asyncio
 
 import numpy as np
 
-from memgate.embedding.model import OnnxEmbedder
+from memgate.ports.embedder import Embedder
 from memgate.runtime.actor import Serial
 
 
 class Batcher:
     """Coalesces concurrent `embed(text)` calls into batches of up to `size`."""
 
-    def __init__(self, embed: OnnxEmbedder, run: Serial, size: int) -> None:
+    def __init__(self, embed: Embedder, run: Serial, size: int) -> None:
         self._embed = embed
         self._run = run
         self._size = size

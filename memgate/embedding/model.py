@@ -39,8 +39,10 @@ class OnnxEmbedder:
         mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask,
                  "token_type_ids": np.zeros_like(ids)}
-        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        hidden = np.asarray(
+            self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0])
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+        vectors: np.ndarray = (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+        return vectors

@@ -78,7 +78,8 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "BANK_ACCOUNT",
         re.compile(
-            r"(?i)\b(?:account|acct|a/c)\b(?:\s*(?:no\.?|number|#))?\s*:?\s*(?P<pii>\d[\d \-]{4,}\d)"
+            r"(?i)\b(?:account|acct|a/c)\b(?:\s*(?:no\.?|number|#))?\s*:?\s*"
+            r"(?P<pii>\d[\d \-]{4,}\d)"
         ),
     ),
     Detector("NUMBER", re.compile(r"\d{10,}")),

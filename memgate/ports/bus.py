@@ -1,0 +1,48 @@
+"""The bus as actors use it: request/reply, durable event consumers, the event outbox's sink.
+
+`memgate.bus.BusClient` and `memgate.bus.streams.EventPublisher` implement these over NATS;
+the fast tests implement them in memory (`tests/fakes.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from memgate.contracts import Contract
+
+T = TypeVar("T", bound=Contract)
+
+BatchHandler = Callable[[list[bytes]], Awaitable[None]]
+
+
+class Requester(Protocol):
+    """Ask another actor and wait for its reply; a `Failure` comes back as its typed error."""
+
+    async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
+                      *, timeout: float | None = None) -> T: ...
+
+
+class Consumer(Protocol):
+    """A running durable consumer: feeds its handler batches between `start` and `stop`."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class Consumers(Protocol):
+    """Where durable consumers of the events stream come from."""
+
+    def consumer(self, subject: str, durable: str, handler: BatchHandler,
+                 *, batch_size: int = ...) -> Consumer: ...
+
+
+class Bus(Requester, Consumers, Protocol):
+    """Both: what an actor that asks and consumes events needs (indexer, embedder, storage)."""
+
+
+class Publisher(Protocol):
+    """The events stream as the outbox relay sees it; `msg_id` makes a re-publish harmless."""
+
+    async def ensure_stream(self) -> None: ...
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None: ...

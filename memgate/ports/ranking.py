@@ -1,0 +1,38 @@
+"""Recall's ranking channels: BM25 (the indexers) and cosine (the embedders), per partition."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from memgate.bus import subjects
+from memgate.contracts.internal import RankRequest, Ranking
+from memgate.ports.bus import Requester
+from memgate.runtime.actor import partition_of
+
+
+class Rankers(Protocol):
+    async def bm25(self, request: RankRequest) -> list[str]:
+        """The candidates that match the query's words, best first."""
+        ...
+
+    async def cosine(self, request: RankRequest) -> list[str]:
+        """The candidates that have vectors, most similar to `request.vector` first."""
+        ...
+
+
+class BusRankers:
+    """`Rankers` over the bus, each request to the partition that owns the workspace."""
+
+    def __init__(self, bus: Requester, *, partitions: int) -> None:
+        self._bus = bus
+        self._partitions = partitions
+
+    async def bm25(self, request: RankRequest) -> list[str]:
+        partition = partition_of(request.owner.tenant, self._partitions)
+        return (await self._bus.request(subjects.index(partition, "rank"), request,
+                                        Ranking)).memory_ids
+
+    async def cosine(self, request: RankRequest) -> list[str]:
+        partition = partition_of(request.owner.tenant, self._partitions)
+        return (await self._bus.request(subjects.embed(partition, "rank"), request,
+                                        Ranking)).memory_ids

@@ -1,0 +1,76 @@
+"""The embedder on the in-memory broker (real vector file in a temp dir; a fake model):
+stored memories get vectors once, deleted ones lose them, rank orders by cosine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from memgate.actors import embedder as embedder_module
+from memgate.actors.embedder import EmbedderActor
+from memgate.bus import subjects
+from memgate.contracts.events import MemoriesDeleted, MemoryStored
+from memgate.contracts.internal import Owner, Ranking, RankRequest
+from tests.fakes import FakeBus, FakeEmbedder, Served, served, texts_route
+
+pytestmark = pytest.mark.unit
+
+OWNER = Owner(tenant="ws", subject_id="member")
+DURABLE = "embedder-p0"
+
+
+@dataclass
+class World:
+    bus: Served
+    fake: FakeBus
+    model: FakeEmbedder
+
+    async def rank(self, query: str, ids: list[str]) -> list[str]:
+        return (await self.bus.call(subjects.embed("p0", "rank"), RankRequest(
+            owner=OWNER, query=query, memory_ids=ids), Ranking)).memory_ids
+
+    async def stored(self, *ids: str) -> None:
+        await self.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id=i,
+                                                       seq=n).to_json()
+                                          for n, i in enumerate(ids, start=1)])
+
+
+@pytest.fixture
+async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    model = FakeEmbedder()
+    # The actor loads its model by path; the fake stands in for the ONNX session.
+    monkeypatch.setattr(embedder_module, "OnnxEmbedder", lambda *_, **__: model)
+    texts = {"a": "budget review numbers", "b": "team lunch friday", "c": "budget lunch"}
+    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts)})
+    actor = EmbedderActor(partition="p0", path=tmp_path / "vectors.duckdb", model=Path("m"),
+                          tokenizer=Path("t"), bus=fake, batch=4)
+    async with served(actor) as bus:
+        yield World(bus, fake, model)
+
+
+async def test_stored_memories_rank_by_cosine_similarity(world: World) -> None:
+    await world.stored("a", "b", "c")
+    assert (await world.rank("budget review numbers", ["a", "b", "c"]))[0] == "a"
+    assert (await world.rank("team lunch friday", ["a", "b", "c"]))[0] == "b"
+
+
+async def test_only_candidates_with_vectors_are_ranked(world: World) -> None:
+    await world.stored("a")
+    assert await world.rank("budget", ["a", "b"]) == ["a"]
+
+
+async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
+    await world.stored("a")
+    embedded = sum(len(call) for call in world.model.calls)
+    await world.stored("a")
+    assert sum(len(call) for call in world.model.calls) == embedded
+
+
+async def test_a_deleted_memory_loses_its_vector(world: World) -> None:
+    await world.stored("a", "c")
+    await world.fake.deliver(DURABLE, [MemoriesDeleted(partition="p0", owner=OWNER,
+                                                       memory_ids=["a"]).to_json()])
+    assert await world.rank("budget review numbers", ["a", "c"]) == ["c"]

@@ -1,0 +1,138 @@
+"""Recall on the in-memory broker: RRF over BM25, cosine and entities; the cosine deadline;
+hidden memories never take a place."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memgate.actors.recall import RecallActor
+from memgate.bus import subjects
+from memgate.contracts import RecallResult
+from memgate.contracts.internal import Candidates, Owner, RecallQuery
+from memgate.contracts.registry import Citation, Verification
+from memgate.policy.fusion import rrf
+from tests.fakes import FakeEmbedder, FakeRankers, FakeRegistry, FakeStorage, Served, served
+
+pytestmark = pytest.mark.unit
+
+K = 60
+OWNER = Owner(tenant="ws", subject_id="member")
+CITATION = Citation(passage_id="p", document_id="d", version=1, sha256="0" * 64)
+
+
+def window(*ids: str, cited: frozenset[str] = frozenset()) -> Candidates:
+    """Candidates newest first, as storage returns them."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    return Candidates(
+        memory_ids=list(ids), namespaces=["n"] * len(ids), keys=[None] * len(ids),
+        collection_ids=[None] * len(ids), texts=[f"text of {i}" for i in ids],
+        created_at=[start - timedelta(minutes=n) for n in range(len(ids))],
+        superseded_at=[None] * len(ids),
+        citations=[[CITATION] if i in cited else [] for i in ids])
+
+
+@dataclass
+class World:
+    bus: Served
+    storage: FakeStorage
+    registry: FakeRegistry
+    rankers: FakeRankers
+
+    async def recall(self, query: str = "what", limit: int = 10) -> RecallResult:
+        return await self.bus.call(subjects.recall_internal(),
+                                   RecallQuery(owner=OWNER, query=query, limit=limit),
+                                   RecallResult)
+
+
+@asynccontextmanager
+async def recall_on(embedder: FakeEmbedder, *, cosine_deadline_ms: int = 5_000,
+                    bm25_deadline_ms: int = 5_000) -> AsyncIterator[World]:
+    storage, registry, rankers = FakeStorage(), FakeRegistry(), FakeRankers()
+    actor = RecallActor(storage=storage, registry=registry, rankers=rankers,
+                        embedder=lambda: embedder, window=300, rrf_k=K,
+                        cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
+                        batch=8)
+    async with served(actor) as bus:
+        yield World(bus, storage, registry, rankers)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    async with recall_on(FakeEmbedder()) as world:
+        yield world
+
+
+async def test_recall_fuses_the_channels_by_reciprocal_rank(world: World) -> None:
+    world.storage.window = window("a", "b", "c", "d", cited=frozenset({"c"}))
+    world.rankers.bm25_ids = ["b", "a"]
+    world.rankers.cosine_ids = ["a", "c", "b"]
+    world.registry.verdict = Verification(entity_matches={"c": 2})
+    result = await world.recall()
+    expected = rrf({"bm25": ["b", "a"], "cosine": ["a", "c", "b"], "entity": ["c"]}, K)
+    assert [m.memory_id for m in result.memories] == [f.memory_id for f in expected]
+    assert [m.score for m in result.memories] == pytest.approx([f.score for f in expected])
+    first = result.memories[0]
+    assert (first.memory_id, first.ranks.bm25, first.ranks.cosine, first.ranks.entity) == \
+        ("a", 2, 1, None)
+    assert result.degraded == []
+    assert world.storage.queries[-1].limit == 300  # the window, not the caller's limit
+
+
+async def test_equal_scores_go_to_the_newer_memory(world: World) -> None:
+    world.storage.window = window("newer", "older")
+    world.rankers.bm25_ids = ["older"]
+    world.rankers.cosine_ids = ["newer"]
+    result = await world.recall()
+    assert [m.memory_id for m in result.memories] == ["newer", "older"]
+
+
+async def test_the_limit_cuts_the_fused_list(world: World) -> None:
+    world.storage.window = window("a", "b", "c")
+    world.rankers.bm25_ids = ["c", "b", "a"]
+    assert [m.memory_id for m in (await world.recall(limit=2)).memories] == ["c", "b"]
+
+
+async def test_hidden_memories_never_take_a_place(world: World) -> None:
+    world.storage.window = window("hidden", "a", "b", cited=frozenset({"hidden", "a"}))
+    world.rankers.bm25_ids = ["hidden", "a", "b"]
+    world.rankers.cosine_ids = ["hidden", "b"]
+    world.registry.verdict = Verification(hidden=["hidden"], changed=["a"],
+                                          entity_matches={"hidden": 3})
+    result = await world.recall(limit=2)
+    assert [m.memory_id for m in result.memories] == ["b", "a"]
+    assert [m.source_state for m in result.memories] == ["current", "changed"]
+    assert result.hidden == 1
+    assert all("hidden" not in r.memory_ids for r in world.rankers.requests)
+    assert set(world.registry.verified[-1]) == {"hidden", "a"}
+
+
+async def test_everything_hidden_answers_nothing_without_ranking(world: World) -> None:
+    world.storage.window = window("a", cited=frozenset({"a"}))
+    world.registry.verdict = Verification(hidden=["a"])
+    result = await world.recall()
+    assert (result.memories, result.hidden) == ([], 1)
+    assert world.rankers.requests == []
+
+
+async def test_a_slow_embedder_degrades_cosine_and_bm25_still_answers() -> None:
+    gate = threading.Event()
+    embedder = FakeEmbedder(gate)
+    gate.set()  # the warm-up at start passes; queries after it wait for the gate
+    try:
+        async with recall_on(embedder, cosine_deadline_ms=50) as world:
+            gate.clear()
+            world.storage.window = window("a", "b")
+            world.rankers.bm25_ids = ["b"]
+            world.rankers.cosine_ids = ["a", "b"]
+            result = await world.recall()
+            assert result.degraded == ["cosine"]
+            assert [(m.memory_id, m.ranks.cosine) for m in result.memories] == [("b", None)]
+            gate.set()  # let the model thread finish before the actor stops
+    finally:
+        gate.set()
