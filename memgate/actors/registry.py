@@ -9,8 +9,6 @@ Changes are announced as events (`mem.evt.registry.*`, ids only).
 from __future__ import annotations
 
 import hashlib
-import re
-import unicodedata
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,26 +22,11 @@ from memgate.contracts.registry import (
     CheckRemember, Citation, Citations, CollectionCreated, ContextSetIn, ContextSetSaved,
     CreateCollection, DocumentVersion, PutDocument, Scope, ScopeRequest, Verification, Verify,
 )
+from memgate.policy.entities import names_in
 from memgate.storage.directory import hash_token
 from memgate.storage.registry import ContextSet, Document, RegistryStore, Workspace
 
 AdminHandler = Callable[[Envelope], Awaitable[Contract]]
-
-
-def fold(text: str) -> str:
-    """Case- and width-insensitive form for entity matching (NFKC folds full-width forms)."""
-    return unicodedata.normalize("NFKC", text).casefold()
-
-
-def names_in(query: str, names: tuple[str, ...]) -> bool:
-    folded = fold(query)
-    for name in map(fold, names):
-        if name.isascii():
-            if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", folded):
-                return True
-        elif name in folded:  # unspaced scripts: a substring is a mention
-            return True
-    return False
 
 
 class RegistryActor:
