@@ -71,6 +71,7 @@ class RestAgent:
 class BusAgent:
     def __init__(self, client: MemgateClient) -> None:
         self._client = client
+        self._closed = False
 
     @classmethod
     async def connect(cls, url: str, token: str, seed: str, inbox_prefix: str) -> BusAgent:
@@ -90,4 +91,7 @@ class BusAgent:
         return await self._client.forget(**kw)
 
     async def close(self) -> None:
-        await self._client.close()
+        """Idempotent: the fixture closes every agent again after the test."""
+        if not self._closed:
+            self._closed = True
+            await self._client.close()

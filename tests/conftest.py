@@ -21,6 +21,7 @@ from memgate.app.system import Bus, actor_names, start_system
 from tests.agents import Agent, BusAgent, RestAgent
 
 ADMIN_TOKEN = "test-operator-token"
+HTTP_START_TIMEOUT_S = 10.0
 
 
 def free_port() -> int:
@@ -41,6 +42,7 @@ class Memgate:
     bus: Bus  # the URL, and the internal user's login
     http: httpx.AsyncClient
     settings: Settings
+    stack: AsyncExitStack  # what the fixture closes, even when the test fails
 
     @property
     def nats_url(self) -> str:
@@ -51,8 +53,10 @@ class Memgate:
         return await self.ok("POST", "/api/admin/nats-agents", ADMIN_TOKEN, {"name": "agent"})
 
     async def internal(self) -> Any:
-        """A connection as the internal user (what actors use)."""
-        return await nats.connect(self.bus.url, **self.bus.options)
+        """A connection as the internal user (what actors use); closed with the fixture."""
+        nc = await nats.connect(self.bus.url, **self.bus.options)
+        self.stack.push_async_callback(close_nats, nc)
+        return nc
 
     async def admin(self, method: str, path: str, token: str | None,
                     body: dict[str, Any] | None = None) -> httpx.Response:
@@ -93,11 +97,20 @@ class Memgate:
         return await self.agent(transport, await self.credential(member))
 
     async def agent(self, transport: str, token: str) -> Agent:
+        """An agent on `transport`; closed with the fixture if the test does not close it."""
         if transport == "rest":
             return RestAgent(self.http, token)
         nats_agent = await self.nats_agent()
-        return await BusAgent.connect(self.nats_url, token, nats_agent["seed"],
-                                      nats_agent["inboxPrefix"])
+        agent = await BusAgent.connect(self.nats_url, token, nats_agent["seed"],
+                                       nats_agent["inboxPrefix"])
+        self.stack.push_async_callback(agent.close)
+        return agent
+
+
+async def close_nats(nc: Any) -> None:
+    """Close a connection the test may already have closed."""
+    if not nc.is_closed:
+        await nc.close()
 
 
 def test_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -120,12 +133,14 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
         await task
 
     stack.push_async_callback(stop_http)
-    while not http_server.started:
+    started = asyncio.get_running_loop().time()
+    while not http_server.started:  # uvicorn offers no event to wait on
         assert not task.done(), "the REST adapter did not start"
+        assert asyncio.get_running_loop().time() - started < HTTP_START_TIMEOUT_S
         await asyncio.sleep(0.01)
     client = await stack.enter_async_context(
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
-    return Memgate(bus, client, settings)
+    return Memgate(bus, client, settings, stack)
 
 
 @pytest.fixture

@@ -1,21 +1,44 @@
-"""The `memgate` command line: `memgate up` runs everything; `memgate admin …` calls the admin API."""
+"""The `memgate` command line: `memgate up` runs everything; `memgate admin …` the admin API."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
 from memgate.app.serve import run_actors, serve
 from memgate.adapters.mcp_server import serve_stdio
+
+# An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
+ADMIN_CALL_TIMEOUT_S = 30.0
+
+
+class ClientSettings(BaseSettings):
+    """What the command line reads from the environment when a flag is not given: the same
+    `MEMGATE_*` names as the server's `Settings`, seen from the client's side."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMGATE_", frozen=True, extra="ignore")
+
+    url: str = "http://127.0.0.1:8080"  # memgate's HTTP address
+    token: SecretStr | None = None  # a member token (admin) or an agent credential (mcp)
+    admin_token: SecretStr | None = None  # the operator's token
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_seed: SecretStr | None = None  # an agent's NATS NKey seed
+    nats_inbox_prefix: str | None = None
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
 
 app = typer.Typer(help="memgate: governed long-term memory for AI agents.", no_args_is_help=True)
 admin = typer.Typer(help="Workspaces, members, credentials and settings (SPEC §2.4).",
@@ -48,18 +71,24 @@ def up(
 
 @app.command("mcp")
 def mcp_stdio(
-    nats_url: Annotated[str, typer.Option("--nats", envvar="MEMGATE_NATS_URL",
-                                          help="the NATS memgate runs on")] = "nats://127.0.0.1:4222",
-    token: Annotated[str | None, typer.Option(envvar="MEMGATE_TOKEN",
-                                              help="the agent credential")] = None,
+    nats_url: Annotated[str | None, typer.Option(
+        "--nats", help="the NATS memgate runs on (env MEMGATE_NATS_URL; default nats://127.0.0.1:4222)",
+    )] = None,
+    token: Annotated[str | None, typer.Option(
+        help="the agent credential (env MEMGATE_TOKEN)")] = None,
     nats_seed: Annotated[str | None, typer.Option(
-        envvar="MEMGATE_NATS_SEED", help="the agent's NATS NKey seed (admin nats-credential)")] = None,
+        help="the agent's NATS NKey seed (admin nats-credential) (env MEMGATE_NATS_SEED)")] = None,
     inbox_prefix: Annotated[str | None, typer.Option(
-        envvar="MEMGATE_NATS_INBOX_PREFIX", help="the inbox prefix that goes with the seed")] = None,
+        help="the inbox prefix that goes with the seed (env MEMGATE_NATS_INBOX_PREFIX)")] = None,
 ) -> None:
     """Serve the memory tools to an MCP client over stdin/stdout (stdout carries only MCP)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    env = ClientSettings()
+    nats_url = nats_url or env.nats_url
+    token = token or _secret(env.token)
+    nats_seed = nats_seed or _secret(env.nats_seed)
+    inbox_prefix = inbox_prefix or env.nats_inbox_prefix
     options: dict[str, Any] = {}
     if nats_seed is not None:
         options["nkeys_seed_str"] = nats_seed
@@ -77,71 +106,87 @@ def mcp_stdio(
 @app.command()
 def actors(
     only: Annotated[str, typer.Option(help="comma-separated actor names, e.g. governance,recall")],
-    nats_url: Annotated[str, typer.Option("--nats", envvar="MEMGATE_NATS_URL",
-                                          help="the NATS that memgate runs on")],
+    nats_url: Annotated[str | None, typer.Option(
+        "--nats", help="the NATS that memgate runs on (env MEMGATE_NATS_URL)")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="state of stateful actors")] = None,
 ) -> None:
     """Run more actors against a running memgate (internal login from MEMGATE_NATS_PASSWORD)."""
-    overrides: dict[str, Any] = {"nats_url": nats_url}
+    overrides: dict[str, Any] = {}
+    if nats_url is not None:
+        overrides["nats_url"] = nats_url
     if data_dir is not None:
         overrides["data_dir"] = data_dir
-    asyncio.run(run_actors(Settings(**overrides), frozenset(only.split(","))))
+    settings = Settings(**overrides)
+    if settings.nats_url is None:
+        raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
+    asyncio.run(run_actors(settings, frozenset(only.split(","))))
 
 
 # --- admin: the same calls as the REST admin API ---
 
-Url = Annotated[str, typer.Option(envvar="MEMGATE_URL", help="memgate's HTTP address")]
-TokenOpt = Annotated[str, typer.Option(envvar="MEMGATE_TOKEN", help="a member token")]
+Url = Annotated[str | None, typer.Option(
+    help="memgate's HTTP address (env MEMGATE_URL; default http://127.0.0.1:8080)")]
+TokenOpt = Annotated[str | None, typer.Option(help="a member token (env MEMGATE_TOKEN)")]
 
 
-def _call(method: str, url: str, path: str, token: str | None, body: dict[str, Any] | None = None) -> None:
+def _member(token: str | None) -> str | None:
+    return token or _secret(ClientSettings().token)
+
+
+def _operator() -> str | None:
+    return _secret(ClientSettings().admin_token)
+
+
+def _call(method: str, url: str | None, path: str, token: str | None,
+          body: dict[str, Any] | None = None) -> None:
+    base = url or ClientSettings().url
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = httpx.request(method, url.rstrip("/") + path, json=body, headers=headers, timeout=30)
+    response = httpx.request(method, base.rstrip("/") + path, json=body, headers=headers,
+                             timeout=ADMIN_CALL_TIMEOUT_S)
     typer.echo(json.dumps(response.json(), indent=2))
     if response.is_error:
         raise typer.Exit(1)
 
 
 @admin.command("create-workspace")
-def create_workspace(name: str, url: Url = "http://127.0.0.1:8080",
-                     non_retaining: bool = False) -> None:
+def create_workspace(name: str, url: Url = None, non_retaining: bool = False) -> None:
     """Create a workspace and its owner (operator token from MEMGATE_ADMIN_TOKEN)."""
-    token = os.environ.get("MEMGATE_ADMIN_TOKEN")
-    _call("POST", url, "/api/admin/workspaces", token, {"name": name, "nonRetaining": non_retaining})
+    _call("POST", url, "/api/admin/workspaces", _operator(),
+          {"name": name, "nonRetaining": non_retaining})
 
 
 @admin.command("add-member")
-def add_member(workspace: str, name: str, role: str, token: TokenOpt,
-               url: Url = "http://127.0.0.1:8080") -> None:
+def add_member(workspace: str, name: str, role: str, token: TokenOpt = None,
+               url: Url = None) -> None:
     """Add a member with a role (viewer, editor, owner); owner token."""
-    _call("POST", url, f"/api/w/{workspace}/members", token, {"name": name, "role": role})
+    _call("POST", url, f"/api/w/{workspace}/members", _member(token), {"name": name, "role": role})
 
 
 @admin.command("set-role")
-def set_role(workspace: str, member: str, role: str, token: TokenOpt,
-             url: Url = "http://127.0.0.1:8080") -> None:
+def set_role(workspace: str, member: str, role: str, token: TokenOpt = None,
+             url: Url = None) -> None:
     """Change a member's role (takes effect at once); owner token."""
-    _call("PATCH", url, f"/api/w/{workspace}/members/{member}", token, {"role": role})
+    _call("PATCH", url, f"/api/w/{workspace}/members/{member}", _member(token), {"role": role})
 
 
 @admin.command("create-credential")
-def create_credential(workspace: str, name: str, token: TokenOpt,
+def create_credential(workspace: str, name: str, token: TokenOpt = None,
                       scope: Annotated[list[str] | None, typer.Option()] = None,
-                      url: Url = "http://127.0.0.1:8080") -> None:
+                      url: Url = None) -> None:
     """Create an agent credential for yourself with scopes (memory:read, memory:write)."""
-    _call("POST", url, f"/api/w/{workspace}/credentials", token,
+    _call("POST", url, f"/api/w/{workspace}/credentials", _member(token),
           {"name": name, "scopes": scope or []})
 
 
 @admin.command("revoke-credential")
-def revoke_credential(workspace: str, credential: str, token: TokenOpt,
-                      url: Url = "http://127.0.0.1:8080") -> None:
+def revoke_credential(workspace: str, credential: str, token: TokenOpt = None,
+                      url: Url = None) -> None:
     """Revoke an agent credential at once."""
-    _call("DELETE", url, f"/api/w/{workspace}/credentials/{credential}", token)
+    _call("DELETE", url, f"/api/w/{workspace}/credentials/{credential}", _member(token))
 
 
 @admin.command("settings")
-def settings(workspace: str, token: TokenOpt, url: Url = "http://127.0.0.1:8080",
+def settings(workspace: str, token: TokenOpt = None, url: Url = None,
              agent_memories: Annotated[bool | None, typer.Option(
                  "--agent-memories/--no-agent-memories")] = None,
              retention_days: int | None = None) -> None:
@@ -149,30 +194,27 @@ def settings(workspace: str, token: TokenOpt, url: Url = "http://127.0.0.1:8080"
     changes = {k: v for k, v in {"agentMemoriesEnabled": agent_memories,
                                  "retentionDays": retention_days}.items() if v is not None}
     path = f"/api/w/{workspace}/ask-history/settings"
-    _call("PUT" if changes else "GET", url, path, token, changes or None)
+    _call("PUT" if changes else "GET", url, path, _member(token), changes or None)
 
 
 @admin.command("nats-credential")
-def nats_credential(name: str, url: Url = "http://127.0.0.1:8080") -> None:
+def nats_credential(name: str, url: Url = None) -> None:
     """Issue an agent's NATS login (NKey seed and inbox prefix; operator token)."""
-    token = os.environ.get("MEMGATE_ADMIN_TOKEN")
-    _call("POST", url, "/api/admin/nats-agents", token, {"name": name})
+    _call("POST", url, "/api/admin/nats-agents", _operator(), {"name": name})
 
 
 @admin.command("revoke-nats-credential")
-def revoke_nats_credential(agent_id: str, url: Url = "http://127.0.0.1:8080") -> None:
+def revoke_nats_credential(agent_id: str, url: Url = None) -> None:
     """Revoke an agent's NATS login at once (operator token)."""
-    token = os.environ.get("MEMGATE_ADMIN_TOKEN")
-    _call("DELETE", url, f"/api/admin/nats-agents/{agent_id}", token)
+    _call("DELETE", url, f"/api/admin/nats-agents/{agent_id}", _operator())
 
 
 @admin.command("request")
 def request(method: str, path: str, body: Annotated[str | None, typer.Argument()] = None,
-            token: Annotated[str | None, typer.Option(envvar="MEMGATE_TOKEN")] = None,
-            url: Url = "http://127.0.0.1:8080") -> None:
+            token: TokenOpt = None, url: Url = None) -> None:
     """Any admin call, e.g. `request PUT /api/w/WS/documents/DOC '{"collectionId": ...}'`
     (member token from --token/MEMGATE_TOKEN, else the operator's MEMGATE_ADMIN_TOKEN)."""
-    _call(method.upper(), url, path, token or os.environ.get("MEMGATE_ADMIN_TOKEN"),
+    _call(method.upper(), url, path, _member(token) or _operator(),
           json.loads(body) if body else None)
 
 

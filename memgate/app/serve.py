@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -33,10 +34,11 @@ async def serve(settings: Settings) -> None:
         bus = await start_system(settings, stack)
         url = bus.url
         api = create_app(url, ready_subjects=actor_names(settings),
-                         timeout=settings.request_timeout_s, nats_options=bus.options,
-                         max_body_bytes=settings.max_body_bytes)
+                         timeout=settings.request_timeout_s, nats_options=bus.options)
         config = uvicorn.Config(api, host=settings.http_host, port=settings.http_port,
-                                log_level="warning", timeout_graceful_shutdown=10)
+                                log_level="warning",
+                                # in-flight requests wait on the bus at most this long
+                                timeout_graceful_shutdown=math.ceil(settings.request_timeout_s))
         typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"
                    f"  data {settings.data_dir.resolve()}")
         server = _Server(config)
