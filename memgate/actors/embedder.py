@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from memgate.embedding.batching import Batcher
-from memgate.runtime.actor import Serial, ready_route
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.ports.bus import Bus
-from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
-from memgate.contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
+from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored, read_event
+from memgate.contracts.internal import Owner, Ranking, RankRequest, Texts, TextsRequest
+from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
+from memgate.ports.bus import Bus
+from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.vectors import VectorStore
 
 
@@ -71,8 +71,7 @@ class EmbedderActor:
     async def on_events(self, payloads: list[bytes]) -> None:
         stored: defaultdict[Owner, list[str]] = defaultdict(list)
         deleted: list[str] = []
-        for payload in payloads:
-            event = MEMORY_EVENT.validate_json(payload)
+        for event in [read_event(MEMORY_EVENT, p) for p in payloads]:  # all, before any work
             if isinstance(event, MemoryStored):
                 if event.memory_id not in self.vectors:
                     stored[event.owner].append(event.memory_id)

@@ -15,11 +15,11 @@ import asyncio
 from collections import defaultdict
 from pathlib import Path
 
-from memgate.runtime.actor import Serial, ready_route
 from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored, read_event
+from memgate.contracts.internal import Owner, Ranking, RankRequest, Texts, TextsRequest
 from memgate.ports.bus import Bus
-from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored
-from memgate.contracts.internal import Owner, RankRequest, Ranking, Texts, TextsRequest
+from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.text_index import TextIndexes
 
 
@@ -75,8 +75,7 @@ class IndexerActor:
     async def on_events(self, payloads: list[bytes]) -> None:
         stored: defaultdict[Owner, list[str]] = defaultdict(list)
         deleted: defaultdict[Owner, list[str]] = defaultdict(list)
-        for payload in payloads:
-            event = MEMORY_EVENT.validate_json(payload)
+        for event in [read_event(MEMORY_EVENT, p) for p in payloads]:  # all, before any work
             if isinstance(event, MemoryStored):
                 stored[event.owner].append(event.memory_id)
             elif isinstance(event, MemoriesDeleted):

@@ -3,7 +3,11 @@
 Admin commands arrive on `mem.admin.registry.*` (the workspace owner's token or the operator's;
 the directory says which). Governance and recall ask on `mem.int.registry.*`: citations are
 resolved when a memory is remembered, and re-verified in one batched request per recall or list.
-Changes are announced as events (`mem.evt.registry.*`, ids only).
+Changes are announced as events (`mem.evt.registry.*`, ids only), committed with the change in
+the registry's outbox and relayed to JetStream (`registry-<seq>` message ids, never repeating).
+
+The store and its in-memory mirror are touched only on the actor's worker thread (`Serial`),
+reads included, as the directory actor does: handlers never read the mirror on the event loop.
 """
 
 from __future__ import annotations
@@ -13,16 +17,19 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memgate.runtime.actor import Serial, ready_route
-from memgate.bus import BusClient, NatsRouter, parse, replying, subjects
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus.streams import OutboxRelay
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.errors import ContextSetScopeRefusedError, NotFoundError
+from memgate.contracts.events import CollectionDeleted, DocumentDeleted, DocumentUpserted
 from memgate.contracts.internal import OwnerCheck
 from memgate.contracts.registry import (
     CheckRemember, Citation, Citations, CollectionCreated, ContextSetIn, ContextSetSaved,
     CreateCollection, DocumentVersion, PutDocument, Scope, ScopeRequest, Verification, Verify,
 )
 from memgate.policy.entities import names_in
+from memgate.ports.bus import Publisher, Requester
+from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.directory import hash_token
 from memgate.storage.registry import ContextSet, Document, RegistryStore, Workspace
 
@@ -32,11 +39,14 @@ AdminHandler = Callable[[Envelope], Awaitable[Contract]]
 class RegistryActor:
     name = "registry"
 
-    def __init__(self, *, path: Path, bus: BusClient) -> None:
+    def __init__(self, *, path: Path, bus: Requester, publisher: Publisher) -> None:
         self._path = path
         self._bus = bus
         self._serial = Serial(self.name)
         self._store: RegistryStore | None = None
+        self._relay = OutboxRelay(publisher, prefix=self.name,
+                                  pending=lambda: self._serial(self.store.pending_events),
+                                  sent=lambda seq: self._serial(self.store.events_sent, seq))
 
     @property
     def store(self) -> RegistryStore:
@@ -45,8 +55,10 @@ class RegistryActor:
 
     async def start(self) -> None:
         self._store = await self._serial(RegistryStore, self._path)
+        await self._relay.start()  # publishes what a previous run committed but did not
 
     async def stop(self) -> None:
+        await self._relay.stop()
         if self._store is not None:
             await self._serial(self._store.close)
         self._serial.shutdown()
@@ -80,10 +92,6 @@ class RegistryActor:
         handle.__name__ = handler.__name__
         return handle
 
-    async def _announce(self, event: str, workspace_id: str, **ids: str | list[str]) -> None:
-        await self._bus.publish(subjects.registry_event(event),
-                                {"event": event, "workspaceId": workspace_id, **ids})
-
     # --- admin ---
 
     async def create_collection(self, envelope: Envelope) -> CollectionCreated:
@@ -94,46 +102,63 @@ class RegistryActor:
 
     async def delete_collection(self, envelope: Envelope) -> Done:
         workspace_id, collection_id = envelope.params["wsId"], envelope.params["collectionId"]
-        documents = sorted(d.document_id for d in self.store.workspace(workspace_id).documents.values()
-                           if d.collection_id == collection_id and not d.deleted)
-        if not await self._serial(self.store.delete_collection, workspace_id, collection_id):
+
+        def event(documents: list[str]) -> bytes:
+            return CollectionDeleted(workspace_id=workspace_id, collection_id=collection_id,
+                                     document_ids=documents).to_json()
+
+        if not await self._serial(lambda: self.store.delete_collection(
+                workspace_id, collection_id, event=event,
+                event_subject=subjects.registry_event("collection_deleted"))):
             raise NotFoundError("no such collection")
-        await self._announce("collection_deleted", workspace_id, collectionId=collection_id,
-                             documentIds=documents)
+        self._relay.wake()
         return Done()
 
     async def put_document(self, envelope: Envelope) -> DocumentVersion:
         body = parse(PutDocument, envelope.body)
         workspace_id, document_id = envelope.params["wsId"], envelope.params["documentId"]
-        if not self.store.collection_exists(workspace_id, body.collection_id):
-            raise NotFoundError("no such collection", {"field": "collectionId"})
         passages = [
             (p.passage_id, hashlib.sha256(p.text.encode()).hexdigest(),
              tuple((e.id, (e.name, *e.aliases)) for e in p.entities))
             for p in body.passages
         ]
-        version = await self._serial(lambda: self.store.put_document(
-            workspace_id, document_id, collection_id=body.collection_id,
-            expires_at=body.expires_at, restricted=body.restricted, passages=passages))
-        await self._announce("doc_upserted", workspace_id, documentId=document_id)
+        event = DocumentUpserted(workspace_id=workspace_id, document_id=document_id).to_json()
+
+        def put() -> int:
+            if not self.store.collection_exists(workspace_id, body.collection_id):
+                raise NotFoundError("no such collection", {"field": "collectionId"})
+            return self.store.put_document(
+                workspace_id, document_id, collection_id=body.collection_id,
+                expires_at=body.expires_at, restricted=body.restricted, passages=passages,
+                event_subject=subjects.registry_event("doc_upserted"), event=event)
+
+        version = await self._serial(put)
+        self._relay.wake()
         return DocumentVersion(document_id=document_id, version=version)
 
     async def delete_document(self, envelope: Envelope) -> Done:
         workspace_id, document_id = envelope.params["wsId"], envelope.params["documentId"]
-        if not await self._serial(self.store.delete_document, workspace_id, document_id):
+        event = DocumentDeleted(workspace_id=workspace_id, document_id=document_id).to_json()
+        if not await self._serial(lambda: self.store.delete_document(
+                workspace_id, document_id, event=event,
+                event_subject=subjects.registry_event("doc_deleted"))):
             raise NotFoundError("no such document")
-        await self._announce("doc_deleted", workspace_id, documentId=document_id)
+        self._relay.wake()
         return Done()
 
     async def save_context_set(self, envelope: Envelope) -> ContextSetSaved:
         body = parse(ContextSetIn, envelope.body)
         workspace_id = envelope.params["wsId"]
         existing = envelope.params.get("contextSetId")
-        if existing is not None and existing not in self.store.workspace(workspace_id).context_sets:
-            raise NotFoundError("no such context set")
-        saved = await self._serial(lambda: self.store.save_context_set(
-            workspace_id, existing, body.name, body.collection_ids, body.document_ids))
-        return ContextSetSaved(context_set_id=saved)
+
+        def save() -> str:
+            if existing is not None \
+                    and existing not in self.store.workspace(workspace_id).context_sets:
+                raise NotFoundError("no such context set")
+            return self.store.save_context_set(workspace_id, existing, body.name,
+                                               body.collection_ids, body.document_ids)
+
+        return ContextSetSaved(context_set_id=await self._serial(save))
 
     # --- the rules ---
 
@@ -159,7 +184,9 @@ class RegistryActor:
 
     async def check_remember(self, payload: bytes) -> Citations:
         """The citations to store, once every passage is readable and inside the bound set."""
-        request = parse(CheckRemember, payload)
+        return await self._serial(self._check_remember, parse(CheckRemember, payload))
+
+    def _check_remember(self, request: CheckRemember) -> Citations:
         ws = self.store.workspace(request.workspace_id)
         bound = self._bound(ws, request.context_set_id)
         if request.collection_id is not None:
@@ -180,8 +207,8 @@ class RegistryActor:
                 unknown.append(passage_id)
                 continue
             if not self._in_set(document, bound):
-                raise ContextSetScopeRefusedError("a cited passage is outside the bound context set",
-                                                  {"passageId": passage_id})
+                raise ContextSetScopeRefusedError(
+                    "a cited passage is outside the bound context set", {"passageId": passage_id})
             citations.append(Citation(passage_id=passage_id, document_id=document.document_id,
                                       version=document.version, sha256=passage.sha256))
         if unknown:  # unknown and unreadable look alike: never reveal which
@@ -189,18 +216,23 @@ class RegistryActor:
         return Citations(citations=citations)
 
     async def scope(self, payload: bytes) -> Scope:
-        request = parse(ScopeRequest, payload)
+        return await self._serial(self._scope, parse(ScopeRequest, payload))
+
+    def _scope(self, request: ScopeRequest) -> Scope:
         ws = self.store.workspace(request.workspace_id)
         bound = self._bound(ws, request.context_set_id)
         assert bound is not None
-        return Scope(exists=request.context_set_id in ws.context_sets, collection_ids=sorted(c for c in bound.collection_ids
+        return Scope(exists=request.context_set_id in ws.context_sets,
+                     collection_ids=sorted(c for c in bound.collection_ids
                                            if ws.collections.get(c) is False),
                      document_ids=sorted(bound.document_ids))
 
     async def verify(self, payload: bytes) -> Verification:
         """Hide memories whose sources are gone or unreadable; flag changed sources; count the
         entities the query names among each memory's cited passages."""
-        request = parse(Verify, payload)
+        return await self._serial(self._verify, parse(Verify, payload))
+
+    def _verify(self, request: Verify) -> Verification:
         ws = self.store.workspace(request.workspace_id)
         bound = self._bound(ws, request.context_set_id)
         hidden, changed, matches = [], [], {}

@@ -3,27 +3,31 @@
 A remember is answered only after its transaction has committed. Events (ids only, never text)
 are written to an outbox table in the same transaction and relayed to JetStream afterwards, so a
 crash between commit and publish loses nothing: the relay resends on start, and the message id
-makes resending harmless.
+(`<partition>-<seq>`, seq never repeating in the partition's life) makes resending harmless.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from functools import partial
 import uuid
+from functools import partial
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.ports.bus import Consumers
-from memgate.bus.streams import EventPublisher
-from memgate.contracts import ForgetResult, ListResult, Memory, MemoriesDeleted, MemoryStored, RememberResult
+from memgate.ports.bus import Consumers, Publisher
+from memgate.bus.streams import OutboxRelay
+from memgate.contracts import (
+    ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
+)
 from memgate.contracts.errors import (
     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
+)
+from memgate.contracts.events import (
+    REGISTRY_EVENT, CollectionDeleted, DocumentDeleted, RegistryEvent, read_event,
 )
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
@@ -31,7 +35,7 @@ from memgate.contracts.internal import (
     TextsRequest,
 )
 from memgate.storage import (
-    Filters, LimitReached, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
+    Filters, LimitReachedError, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
 )
 
 log = logging.getLogger("memgate.storage")
@@ -50,20 +54,21 @@ def memory_of(row: Row) -> Memory:
 
 
 class StorageActor:
-    def __init__(self, *, partition: str, path: Path, publisher: EventPublisher, bus: Consumers,
-                 limits: Limits = Limits(), partitions: int = 1) -> None:
+    def __init__(self, *, partition: str, path: Path, publisher: Publisher, bus: Consumers,
+                 limits: Limits | None = None, partitions: int = 1) -> None:
         self.partition = partition
         self._partitions = partitions
         self._cascade = bus.consumer(subjects.registry_event(">"), f"storage-{partition}-cascade",
                                      self.on_registry_events)
-        self._limits = limits
+        self._limits = limits or Limits()
         self.name = f"storage.{partition}"
         self._path = path
-        self._publisher = publisher
         self._serial = Serial(self.name)
         self._store: MemoryStore | None = None
-        self._outbox = asyncio.Event()
-        self._relay: asyncio.Task[None] | None = None
+        self._relay = OutboxRelay(
+            publisher, prefix=partition,
+            pending=lambda: self._serial(self.store.pending_events),
+            sent=lambda seq: self._serial(self.store.events_sent, seq))
 
     @property
     def store(self) -> MemoryStore:
@@ -72,16 +77,12 @@ class StorageActor:
 
     async def start(self) -> None:
         self._store = await self._serial(MemoryStore, self._path)
-        await self._publisher.ensure_stream()
-        self._outbox.set()  # resend whatever a previous run committed but did not publish
-        self._relay = asyncio.create_task(self._relay_events(), name=f"{self.name}.relay")
+        await self._relay.start()  # resends whatever a previous run committed but did not publish
         await self._cascade.start()
 
     async def stop(self) -> None:
         await self._cascade.stop()
-        if self._relay is not None:
-            self._relay.cancel()
-            await asyncio.gather(self._relay, return_exceptions=True)
+        await self._relay.stop()
         if self._store is not None:
             await self._serial(self._store.close)
         self._serial.shutdown()
@@ -96,20 +97,6 @@ class StorageActor:
             router.subscriber(subjects.store(self.partition, operation))(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    async def _relay_events(self) -> None:
-        while True:
-            await self._outbox.wait()
-            self._outbox.clear()
-            try:
-                while pending := await self._serial(self.store.pending_events):
-                    for seq, subject, payload in pending:
-                        await self._publisher.publish(subject, payload, f"{self.partition}-{seq}")
-                    await self._serial(self.store.events_sent, pending[-1][0])
-            except Exception as exc:  # JetStream unavailable: keep the outbox, retry shortly
-                log.warning("event relay paused: %s", type(exc).__name__)
-                await asyncio.sleep(1.0)
-                self._outbox.set()
 
     async def remember(self, payload: bytes) -> RememberResult:
         command = parse(StoreRemember, payload)
@@ -130,7 +117,7 @@ class StorageActor:
                     event_subject=subjects.memory_events(self.partition), event=event,
                     limits=self._limits,
                     citations=[c.model_dump(by_alias=True) for c in command.citations]))
-        except LimitReached as reached:
+        except LimitReachedError as reached:
             if reached.retry_after is not None:
                 raise RateLimitedError(
                     f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
@@ -138,7 +125,7 @@ class StorageActor:
             raise AgentMemoryFullError(
                 f"at most {self._limits.versions_per_member} memory versions per member",
                 {"limit": self._limits.versions_per_member}) from None
-        self._outbox.set()
+        self._relay.wake()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)
 
@@ -156,7 +143,8 @@ class StorageActor:
             try:
                 before, snapshot = decode_cursor(query.cursor)
             except ValueError:
-                raise ValidationFailedError("the cursor is not valid", {"field": "cursor"}) from None
+                raise ValidationFailedError("the cursor is not valid",
+                                            {"field": "cursor"}) from None
         rows = await self._serial(lambda: self.store.versions(
             self._filters(query), as_of=snapshot, limit=query.limit + 1, before_seq=before))
         page = rows[: query.limit]
@@ -189,29 +177,32 @@ class StorageActor:
         deleted = await self._serial(lambda: self._delete(
             command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
             namespace=command.namespace, key=command.key,
-            collection_ids=None if command.collection_ids is None else tuple(command.collection_ids)))
+            collection_ids=None if command.collection_ids is None
+            else tuple(command.collection_ids)))
         if not deleted:
             raise NotFoundError("no such memory")
-        self._outbox.set()
+        self._relay.wake()
         return ForgetResult(deleted=len(deleted))
 
     async def on_registry_events(self, payloads: list[bytes]) -> None:
         """Deleting a cited document, or its collection, deletes the memories (SPEC §3.3)."""
-        for payload in payloads:
-            fact = json.loads(payload)
-            tenant = fact["workspaceId"]
-            if partition_of(tenant, self._partitions) != self.partition:
-                continue
-            cascades: list[dict[str, Any]] = []
-            if fact["event"] == "doc_deleted":
-                cascades.append({"cited_documents": [fact["documentId"]]})
-            elif fact["event"] == "collection_deleted":
-                cascades.append({"collection_ids": (fact["collectionId"],)})
-                if fact["documentIds"]:
-                    cascades.append({"cited_documents": fact["documentIds"]})
-            for conditions in cascades:
-                await self._serial(partial(self._delete, tenant, None, **conditions))
-        self._outbox.set()
+        events: list[RegistryEvent] = [read_event(REGISTRY_EVENT, p) for p in payloads]
+        try:
+            for event in events:
+                tenant = event.workspace_id
+                if partition_of(tenant, self._partitions) != self.partition:
+                    continue
+                cascades: list[dict[str, Any]] = []
+                if isinstance(event, DocumentDeleted):
+                    cascades.append({"cited_documents": [event.document_id]})
+                elif isinstance(event, CollectionDeleted):
+                    cascades.append({"collection_ids": (event.collection_id,)})
+                    if event.document_ids:
+                        cascades.append({"cited_documents": event.document_ids})
+                for conditions in cascades:
+                    await self._serial(partial(self._delete, tenant, None, **conditions))
+        finally:
+            self._relay.wake()
 
     async def purge(self, payload: bytes) -> ForgetResult:
         """Delete without reading: a member's own memories (all, or some ids), or a whole
@@ -219,7 +210,7 @@ class StorageActor:
         command = parse(StorePurge, payload)
         deleted = await self._serial(lambda: self._delete(
             command.tenant, command.subject_id, memory_ids=command.memory_ids))
-        self._outbox.set()
+        self._relay.wake()
         return ForgetResult(deleted=len(deleted))
 
     async def texts(self, payload: bytes) -> Texts:

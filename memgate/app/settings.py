@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     partitions: int = Field(default=1, ge=1, le=64)
     request_timeout_s: float = 10.0
+    # A larger HTTP body is refused (413) before it is read. The ceiling is half the bus's
+    # payload limit (8 MiB, bus/server.py render_config): room for the envelope and replies.
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=4 * 1024 * 1024)
 
     limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
     limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace

@@ -50,7 +50,7 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
                        admin_token=lambda: admin_token(settings), bus=bus,
                        partitions=settings.partitions),
         GovernanceActor.on_bus(bus, partitions=settings.partitions),
-        RegistryActor(path=data / "registry.duckdb", bus=bus),
+        RegistryActor(path=data / "registry.duckdb", bus=bus, publisher=publisher),
         RecallActor.on_bus(bus, partitions=settings.partitions, window=settings.recall_window,
                            rrf_k=settings.recall_rrf_k,
                            cosine_deadline_ms=settings.recall_cosine_deadline_ms,

@@ -1,17 +1,24 @@
-"""The JetStream side of the bus: the events stream, publishing with dedupe ids, durable pulls."""
+"""The JetStream side of the bus: the events and dead-letter streams, the outbox relay that
+publishes with dedupe ids, and durable pull consumers with bounded retries."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from faststream.nats import JStream
-from nats.aio.client import Client as NATS
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
 
 from memgate.bus import subjects
+from memgate.contracts.events import DeadLetter, UnreadableEventError
+
+if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
+    from memgate.ports.bus import Publisher
 
 log = logging.getLogger("memgate.bus")
 
@@ -19,31 +26,95 @@ EVENTS = JStream(
     subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_SUBJECTS], storage=StorageType.FILE,
     duplicate_window=120.0, max_age=7 * 24 * 3600.0,
 )
+# Ids and reasons only, kept longer than the events they point at so an operator sees them.
+DEAD_LETTERS = JStream(
+    subjects.DLQ_STREAM, subjects=[subjects.DLQ_SUBJECTS], storage=StorageType.FILE,
+    duplicate_window=120.0, max_age=30 * 24 * 3600.0,
+)
 
 
 async def ensure_events_stream(js: JetStreamContext) -> None:
-    """Create the events stream, or leave it as it is (idempotent; any actor may call it)."""
-    await js.add_stream(name=EVENTS.name, subjects=list(EVENTS.subjects), storage=StorageType.FILE,
-                        duplicate_window=120.0, max_age=7 * 24 * 3600.0)
+    """Create the events and dead-letter streams, or leave them as they are (idempotent; any
+    actor may call it)."""
+    for stream in (EVENTS, DEAD_LETTERS):
+        await js.add_stream(name=stream.name, subjects=list(stream.subjects),
+                            storage=StorageType.FILE, duplicate_window=120.0,
+                            max_age=stream.config.max_age)
 
 
 class EventPublisher:
     """Publishes to the events stream; the message id makes a re-publish harmless."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NatsClient) -> None:
         self._js = nc.jetstream()
 
     async def ensure_stream(self) -> None:
         await ensure_events_stream(self._js)
 
     async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        """Returns once JetStream has stored the event (or known it as a duplicate)."""
         await self._js.publish(subject, payload, stream=EVENTS.name,
                                headers={"Nats-Msg-Id": msg_id})
+
+
+Pending = Sequence[tuple[int, str, bytes]]  # (seq, subject, payload), oldest first
+
+
+class OutboxRelay:
+    """Publishes what an outbox holds and has it deleted once JetStream has acked it.
+
+    The outbox is written in the same transaction as the change its events announce, so an
+    event committed but not yet published (JetStream down, process killed) is published when
+    JetStream is back or at the next start. `<prefix>-<seq>` is its `Nats-Msg-Id`: seq never
+    repeats, so no new event is ever taken for a duplicate, and a re-publish of the same event
+    within the duplicate window is dropped.
+    """
+
+    def __init__(self, publisher: Publisher, *, prefix: str,
+                 pending: Callable[[], Awaitable[Pending]],
+                 sent: Callable[[int], Awaitable[None]], retry_s: float = 1.0) -> None:
+        self._publisher = publisher
+        self._prefix = prefix
+        self._pending = pending
+        self._sent = sent
+        self._retry_s = retry_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._publisher.ensure_stream()
+        self._wake.set()  # whatever a previous run committed but did not publish
+        self._task = asyncio.create_task(self._run(), name=f"{self._prefix}.relay")
+
+    def wake(self) -> None:
+        """Something was committed to the outbox."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                while pending := await self._pending():
+                    for seq, subject, payload in pending:
+                        await self._publisher.publish(subject, payload, f"{self._prefix}-{seq}")
+                    await self._sent(pending[-1][0])
+            except Exception as exc:  # JetStream unavailable: keep the outbox, retry shortly
+                log.warning("%s: event relay paused (%s)", self._prefix, type(exc).__name__)
+                await asyncio.sleep(self._retry_s)
+                self._wake.set()
 
 
 # A batch takes well under a second; a short ack wait bounds the redelivery of any message
 # handed to a pull request that its subscriber abandoned (for instance at shutdown).
 ACK_WAIT_S = 5.0
+MAX_DELIVER = 5
+RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)  # before the 2nd, 3rd, ... delivery of a failing message
 
 BatchHandler = Callable[[list[bytes]], Awaitable[None]]
 
@@ -51,28 +122,41 @@ BatchHandler = Callable[[list[bytes]], Awaitable[None]]
 class DurableConsumer:
     """Feeds `handler` batches from a durable pull consumer; a batch is acked once it succeeds.
 
-    Pull (not push) so that several replicas can share one durable consumer. A failed batch is
-    nacked for redelivery; handlers must be idempotent. Hand-written on nats-py rather than a
-    faststream `PullSub`: the latter's partial-batch refetch with sub-millisecond timeouts left
-    messages unacknowledged until `ack_wait` expired (measured: ~30 s of lag under load).
+    Retries are bounded and one bad message never holds up the others: when a batch fails, its
+    messages are applied one at a time. A message the handler rejects as unreadable
+    (`UnreadableEventError`: malformed, or a newer major version) is terminated at once; one
+    that keeps failing is nacked with a growing delay and terminated at its `max_deliver`-th
+    delivery. Each terminated message is recorded on `mem.dlq.<durable>` (ids and the reason,
+    never the payload). Handlers must be idempotent: a message may be applied more than once.
+
+    Pull (not push) so that several replicas can share one durable consumer. Hand-written on
+    nats-py rather than a faststream `PullSub`: the latter's partial-batch refetch with
+    sub-millisecond timeouts left messages unacknowledged until `ack_wait` expired (measured:
+    ~30 s of lag under load).
     """
 
-    def __init__(self, nc: NATS, subject: str, durable: str, handler: BatchHandler,
-                 *, batch_size: int = 64, linger: float = 0.05) -> None:
+    def __init__(self, nc: NatsClient, subject: str, durable: str, handler: BatchHandler,
+                 *, batch_size: int = 64, linger: float = 0.05, max_deliver: int = MAX_DELIVER,
+                 retry_delays: Sequence[float] = RETRY_DELAYS_S) -> None:
         self._js = nc.jetstream()
         self._subject = subject
         self._durable = durable
         self._handler = handler
         self._batch = batch_size
         self._linger = linger  # after a partial batch, let the next one fill a little
+        self._max_deliver = max_deliver
+        self._retry_delays = tuple(retry_delays)
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
     async def start(self) -> None:
         await ensure_events_stream(self._js)
-        subscription = await self._js.pull_subscribe(
-            self._subject, durable=self._durable, stream=EVENTS.name,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S))
+        config = ConsumerConfig(
+            name=self._durable, durable_name=self._durable, filter_subject=self._subject,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=self._max_deliver)
+        await self._js.add_consumer(EVENTS.name, config)  # creates, or updates an older one
+        subscription = await self._js.pull_subscribe(self._subject, durable=self._durable,
+                                                     stream=EVENTS.name)
         self._task = asyncio.create_task(self._run(subscription), name=self._durable)
 
     async def stop(self) -> None:
@@ -102,13 +186,51 @@ class DurableConsumer:
                 log.warning("%s: fetch failed (%s)", self._durable, type(exc).__name__)
                 await asyncio.sleep(1.0)
                 continue
-            try:
-                await self._handler([m.data for m in messages])
-            except Exception as exc:  # the type only: messages may hold content
-                log.warning("%s: batch of %d failed (%s), will be redelivered", self._durable,
-                            len(messages), type(exc).__name__)
-                await asyncio.gather(*(m.nak(delay=1.0) for m in messages))
-                continue
-            await asyncio.gather(*(m.ack() for m in messages))
+            await self._handle(messages)
             if len(messages) < self._batch:
                 await asyncio.sleep(self._linger)
+
+    async def _handle(self, messages: list[Msg]) -> None:
+        try:
+            await self._handler([m.data for m in messages])
+        except Exception as exc:
+            if len(messages) == 1:
+                await self._failed(messages[0], exc)
+                return
+            log.info("%s: a batch of %d failed (%s); applying its messages one by one",
+                     self._durable, len(messages), type(exc).__name__)
+            for message in messages:
+                await self._handle([message])
+            return
+        await asyncio.gather(*(m.ack() for m in messages))
+
+    async def _failed(self, message: Msg, exc: Exception) -> None:
+        deliveries = message.metadata.num_delivered
+        if isinstance(exc, UnreadableEventError):
+            await self._dead_letter(message, exc.reason)
+        elif deliveries >= self._max_deliver:
+            await self._dead_letter(message, type(exc).__name__)
+        else:  # the type only: an exception's message may quote content
+            delay = self._retry_delays[min(deliveries, len(self._retry_delays)) - 1]
+            log.warning("%s: message %d failed (%s), delivery %d of %d, retried in %.1f s",
+                        self._durable, message.metadata.sequence.stream, type(exc).__name__,
+                        deliveries, self._max_deliver, delay)
+            await message.nak(delay=delay)
+
+    async def _dead_letter(self, message: Msg, error: str) -> None:
+        metadata = message.metadata
+        record = DeadLetter(durable=self._durable, stream=metadata.stream,
+                            stream_seq=metadata.sequence.stream, subject=message.subject,
+                            deliveries=metadata.num_delivered, error=error)
+        try:
+            await self._js.publish(subjects.dead_letter(self._durable), record.to_json(),
+                                   stream=DEAD_LETTERS.name, headers={
+                                       "Nats-Msg-Id": f"{self._durable}-{record.stream_seq}"})
+        except Exception as failure:  # not recorded: keep the message and try again later
+            log.warning("%s: could not record message %d as a dead letter (%s)", self._durable,
+                        record.stream_seq, type(failure).__name__)
+            await message.nak(delay=self._retry_delays[-1])
+            return
+        await message.term()
+        log.warning("%s: message %d on %s dead-lettered after %d deliveries (%s)", self._durable,
+                    record.stream_seq, record.subject, record.deliveries, error)

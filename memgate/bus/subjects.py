@@ -22,6 +22,8 @@ DIRECTORY_OWNER_CHECK: Final = "mem.int.dir.owner_check"
 
 EVENTS_STREAM: Final = "MEM_EVT"
 EVENTS_SUBJECTS: Final = "mem.evt.>"
+DLQ_STREAM: Final = "MEM_DLQ"
+DLQ_SUBJECTS: Final = "mem.dlq.>"
 
 
 def admin(operation: str) -> str:
@@ -55,6 +57,11 @@ def recall_internal() -> str:
 
 def memory_events(partition: str) -> str:
     return f"mem.evt.{partition}.memory"
+
+
+def dead_letter(durable: str) -> str:
+    """Where a durable consumer records the messages it gave up on (ids only)."""
+    return f"mem.dlq.{durable}"
 
 
 def ready(actor: str) -> str:

@@ -2,8 +2,8 @@
 
 from memgate.storage.directory import DirectoryStore, hash_token
 from memgate.storage.memories import (
-    Filters, LimitReached, Limits, MemoryStore, Row, Stored, decode_cursor, encode_cursor,
+    Filters, LimitReachedError, Limits, MemoryStore, Row, Stored, decode_cursor, encode_cursor,
 )
 
-__all__ = ["DirectoryStore", "Filters", "LimitReached", "Limits", "MemoryStore", "Row", "Stored", "decode_cursor",
-           "encode_cursor", "hash_token"]
+__all__ = ["DirectoryStore", "Filters", "LimitReachedError", "Limits", "MemoryStore", "Row",
+           "Stored", "decode_cursor", "encode_cursor", "hash_token"]

@@ -12,6 +12,8 @@ from typing import Any
 
 import duckdb
 
+from memgate.storage import outbox
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
     memory_id      VARCHAR   NOT NULL,
@@ -34,11 +36,6 @@ CREATE TABLE IF NOT EXISTS memories (
 CREATE TABLE IF NOT EXISTS remember_log (  -- for the hourly rate limit; forget does not erase it
     credential_id VARCHAR   NOT NULL,
     remembered_at TIMESTAMP NOT NULL
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    seq     BIGINT  NOT NULL,
-    subject VARCHAR NOT NULL,
-    payload BLOB    NOT NULL
 );
 """
 
@@ -73,7 +70,7 @@ class Limits:
     versions_per_member: int = 5000  # per member and workspace, every version counted
 
 
-class LimitReached(Exception):
+class LimitReachedError(Exception):
     """A remember refused by a limit; `retry_after` seconds for the rate limit, else None."""
 
     def __init__(self, limit: str, retry_after: int | None = None) -> None:
@@ -109,9 +106,12 @@ def decode_cursor(cursor: str) -> tuple[int, datetime]:
     """Raises ValueError on anything that is not a cursor this store issued."""
     try:
         data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return int(data["s"]), datetime.fromisoformat(data["t"]).replace(tzinfo=UTC)
-    except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        seq, snapshot = data["s"], datetime.fromisoformat(data["t"]).replace(tzinfo=UTC)
+    except (KeyError, TypeError, ValueError) as exc:  # JSON, base64, Unicode and date errors
         raise ValueError("not a cursor") from exc
+    if type(seq) is not int or not 0 <= seq < 2**63:  # a BIGINT: no float, bool or 10**40
+        raise ValueError("not a cursor")
+    return seq, snapshot
 
 
 class MemoryStore:
@@ -123,21 +123,27 @@ class MemoryStore:
         self._db.execute(_SCHEMA)
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
                          "DEFAULT '[]'")  # data directories from before citations
-        self._seq = self._db.execute("SELECT coalesce(max(seq), 0) FROM memories").fetchone()[0]
-        self._seq = max(self._seq, self._db.execute(
-            "SELECT coalesce(max(seq), 0) FROM outbox").fetchone()[0])
-        last = self._db.execute("SELECT max(created_at) FROM memories").fetchone()[0]
-        self._last_created = last or datetime.min
+        highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")
+        outbox.create(self._db, floor=highest)  # seq never repeats: events' ids come from it
+        self._last_created: datetime = last or datetime.min
+
+    def _one(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...]:
+        """The single row an aggregate query returns."""
+        row = self._db.execute(sql, params or []).fetchone()
+        assert row is not None, "an aggregate returns one row"
+        return row
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
     def _next(self) -> tuple[int, datetime]:
-        now = max(datetime.now(UTC).replace(tzinfo=None), self._last_created + timedelta(microseconds=1))
+        """A fresh sequence number (inside the caller's transaction) and a creation instant
+        later than every earlier one."""
+        now = max(datetime.now(UTC).replace(tzinfo=None),
+                  self._last_created + timedelta(microseconds=1))
         self._last_created = now
-        self._seq += 1
-        return self._seq, now
+        return outbox.next_seq(self._db), now
 
     def _check_limits(self, filters: Filters, credential_id: str, now: datetime,
                       limits: Limits) -> None:
@@ -147,19 +153,20 @@ class MemoryStore:
         hour_ago = now - timedelta(hours=1)
         db.execute("DELETE FROM remember_log WHERE credential_id = ? AND remembered_at <= ?",
                    [credential_id, hour_ago])
-        recent, oldest = db.execute(
+        recent, oldest = self._one(
             "SELECT count(*), min(remembered_at) FROM remember_log WHERE credential_id = ?",
-            [credential_id]).fetchone()
+            [credential_id])
         if recent >= limits.remembers_per_hour:
-            raise LimitReached("rate", max(1, int((oldest - hour_ago).total_seconds()) + 1))
-        versions = db.execute("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
-                              [filters.tenant, filters.subject_id]).fetchone()[0]
+            raise LimitReachedError("rate", max(1, int((oldest - hour_ago).total_seconds()) + 1))
+        versions = self._one("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
+                             [filters.tenant, filters.subject_id])[0]
         if versions >= limits.versions_per_member:
-            raise LimitReached("versions")
+            raise LimitReachedError("versions")
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
                  retention_days: int, event_subject: str, event: Callable[[int], bytes],
-                 limits: Limits = Limits(), citations: list[dict[str, Any]] | None = None) -> Stored:
+                 limits: Limits = Limits(),
+                 citations: list[dict[str, Any]] | None = None) -> Stored:
         """Check the limits, insert a version, supersede the live one of the same key, queue
         the event: one transaction."""
         db = self._db
@@ -181,8 +188,8 @@ class MemoryStore:
                 "namespace, key, collection_id, text, classification, derived_from, created_at, "
                 "superseded_at, expires_at, legal_hold, citations) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, NULL, ?, false, ?)",
-                [memory_id, seq, filters.tenant, filters.subject_id, credential_id, filters.namespace,
-                 filters.key, filters.collection_id, text,
+                [memory_id, seq, filters.tenant, filters.subject_id, credential_id,
+                 filters.namespace, filters.key, filters.collection_id, text,
                  [c["passageId"] for c in citations or []], now,
                  now + timedelta(days=retention_days), json.dumps(citations or [])],
             )
@@ -220,8 +227,8 @@ class MemoryStore:
             f"SELECT {_COLUMNS} FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
             [*params, limit],
         ).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], _aware(r[6]), _aware(r[7]), r[8])
-                for r in rows]
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), _aware(r[7]),
+                    r[8]) for r in rows]
 
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,
@@ -231,7 +238,8 @@ class MemoryStore:
                event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
         except those on legal hold; one event per owner, in the same transaction."""
-        clauses, params = ["tenant = ?", "legal_hold = false"], [tenant]
+        clauses = ["tenant = ?", "legal_hold = false"]
+        params: list[Any] = [tenant]
         for column, value in (("subject_id", subject_id), ("memory_id", memory_id),
                               ("namespace", namespace), ("key", key)):
             if value is not None:
@@ -253,16 +261,15 @@ class MemoryStore:
             for owner, deleted in rows:
                 by_owner.setdefault(owner, []).append(deleted)
             for owner, ids in by_owner.items():
-                self._seq += 1
-                db.execute("INSERT INTO outbox VALUES (?, ?, ?)",
-                           [self._seq, event_subject, event(owner, ids)])
+                outbox.queue(db, event_subject, event(owner, ids))
             db.commit()
         except BaseException:
             db.rollback()
             raise
         return [deleted for _, deleted in rows]
 
-    def texts(self, tenant: str, subject_id: str, memory_ids: list[str] | None) -> list[tuple[str, str]]:
+    def texts(self, tenant: str, subject_id: str,
+              memory_ids: list[str] | None) -> list[tuple[str, str]]:
         sql = "SELECT memory_id, text FROM memories WHERE tenant = ? AND subject_id = ?"
         params: list[Any] = [tenant, subject_id]
         if memory_ids is not None:
@@ -270,10 +277,9 @@ class MemoryStore:
             params.append(memory_ids)
         return [(r[0], r[1]) for r in self._db.execute(sql + " ORDER BY seq", params).fetchall()]
 
-    def pending_events(self, limit: int = 500) -> list[tuple[int, str, bytes]]:
-        return [(r[0], r[1], bytes(r[2])) for r in self._db.execute(
-            "SELECT seq, subject, payload FROM outbox ORDER BY seq LIMIT ?", [limit]).fetchall()]
+    def pending_events(self, limit: int = 500) -> outbox.Pending:
+        return outbox.pending(self._db, limit)
 
     def events_sent(self, up_to_seq: int) -> None:
-        self._db.execute("DELETE FROM outbox WHERE seq <= ?", [up_to_seq])
+        outbox.sent(self._db, up_to_seq)
 
