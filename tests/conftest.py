@@ -123,7 +123,8 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
     settings = test_settings(tmp_path / "data", **overrides)
     bus = await start_system(settings, stack, skip=skip)
     port = free_port()
-    app = create_app(bus.url, ready_subjects=actor_names(settings), nats_options=bus.options)
+    app = create_app(bus.url, ready_subjects=actor_names(settings), nats_options=bus.options,
+                     max_body_bytes=settings.max_body_bytes)
     http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                 log_level="warning", lifespan="on"))
     task = asyncio.create_task(http_server.serve())

@@ -150,7 +150,7 @@ def fenced_bodies(text: str) -> list[list[str]]:
 
 async def test_the_four_tools_are_listed_with_the_contracts_camelcase_schemas(
         memgate: Memgate) -> None:
-    async with over_http(memgate, None) as session:
+    async with over_http(memgate, await agent_token(memgate)) as session:
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
     contracts: dict[str, tuple[type[Contract], type[Contract]]] = {
         "remember_memory": (RememberRequest, RememberResult),
@@ -205,11 +205,13 @@ async def test_personal_data_is_masked_in_both_renderings(memgate: Memgate) -> N
     assert fenced_bodies(text_of(listed)) == [["Mail [EMAIL] about the launch"]]
 
 
-async def test_a_call_without_a_token_is_an_unauthenticated_tool_error(memgate: Memgate) -> None:
-    async with over_http(memgate, None) as session:
-        result = await call(session, "list_memories")
-    assert error_of(result)["code"] == "UNAUTHENTICATED"
-    assert text_of(result).startswith("UNAUTHENTICATED: ")
+async def test_a_request_without_a_token_is_refused_before_the_mcp_session(
+        memgate: Memgate) -> None:
+    """Over HTTP the credential is checked before the SDK sees the request (tests/test_hostile)."""
+    response = await memgate.http.post("/mcp", json={"jsonrpc": "2.0", "id": 1,
+                                                     "method": "tools/list"})
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
 async def test_a_read_only_credential_cannot_remember(memgate: Memgate) -> None:

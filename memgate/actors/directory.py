@@ -176,6 +176,7 @@ class DirectoryActor:
         return await self._serial(create)
 
     async def add_member(self, envelope: Envelope) -> MemberToken:
+        await self._serial(lambda: self._member(envelope, owner=True))  # authenticate first
         body = parse(AddMember, envelope.body)
 
         def add() -> MemberToken:
@@ -186,6 +187,7 @@ class DirectoryActor:
         return await self._serial(add)
 
     async def patch_member(self, envelope: Envelope) -> MemberView:
+        await self._serial(lambda: self._member(envelope, owner=True))  # authenticate first
         body = parse(PatchMember, envelope.body)
 
         def patch() -> MemberView:
@@ -201,6 +203,7 @@ class DirectoryActor:
         return await self._serial(patch)
 
     async def create_credential(self, envelope: Envelope) -> CredentialCreated:
+        await self._serial(self._member, envelope)  # authenticate before revealing a context set
         body = parse(CreateCredential, envelope.body)
         if body.context_set_id is not None:
             scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
@@ -243,6 +246,7 @@ class DirectoryActor:
         return await self._serial(get)
 
     async def put_settings(self, envelope: Envelope) -> WorkspaceSettings:
+        await self._serial(lambda: self._member(envelope, owner=True))  # authenticate first
         body = parse(SettingsUpdate, envelope.body)
 
         def put() -> WorkspaceSettings:

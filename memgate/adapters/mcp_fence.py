@@ -20,7 +20,9 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from memgate.contracts import ForgetResult, ListResult, Memory, MemgateError, RecallResult, RememberResult
+from memgate.contracts import (
+    ForgetResult, ListResult, Memory, MemgateError, RecallResult, RememberResult,
+)
 from memgate.contracts.memory import RecalledMemory
 
 FENCE = "memgate-memory"

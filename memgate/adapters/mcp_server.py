@@ -29,10 +29,12 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from nats.errors import MaxPayloadError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from memgate.adapters.http_errors import REFUSED_BODY, error_response
 from memgate.adapters.mcp_fence import (
     render_error, render_forgotten, render_list, render_recall, render_remembered,
 )
@@ -41,7 +43,10 @@ from memgate.contracts import (
     Contract, ForgetRequest, ForgetResult, ListRequest, ListResult, MemgateError, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
 )
-from memgate.contracts.errors import InternalError
+from memgate.contracts.errors import (
+    InternalError, MethodNotAllowedError, PayloadTooLargeError, UnauthenticatedError,
+    UnavailableError,
+)
 
 log = logging.getLogger("memgate.mcp")
 
@@ -137,6 +142,8 @@ class MemoryTools:
             result = await self._bus.command(tool.subject, self._credential(ctx), body, tool.result)
         except MemgateError as exc:
             return tool_error(exc)
+        except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
+            return tool_error(PayloadTooLargeError("the call exceeds the bus's payload limit"))
         except Exception as exc:  # a bug or a broken connection: log its type only, never content
             log.error("MCP tool %s failed: %s", tool.name, type(exc).__name__)
             return tool_error(InternalError("internal error"))
@@ -156,15 +163,18 @@ def _input_schema(name: str) -> Mapping[str, Any] | None:
     return tool.definition.input_schema if tool else None
 
 
-def bearer_credential(ctx: Context) -> str | None:
-    """The token of the HTTP request's `Authorization: Bearer` header (None when absent)."""
-    request = ctx.request
-    if not isinstance(request, Request):
-        return None
+def bearer_token(request: Request) -> str | None:
+    """The token of a request's `Authorization: Bearer` header (None when absent)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+def bearer_credential(ctx: Context) -> str | None:
+    """The token of the MCP call's HTTP request (None when absent)."""
+    request = ctx.request
+    return bearer_token(request) if isinstance(request, Request) else None
 
 
 class McpHttpEndpoint:
@@ -172,10 +182,15 @@ class McpHttpEndpoint:
 
     Stateless: every POST is a complete exchange with no session kept in memory, so any
     adapter replica can answer any request, and the credential is read from each request.
+    Each request is authenticated before the SDK sees it (401 in the SPEC §3.10 shape), and
+    only POST is served: GET would open a server-to-client event stream that a stateless
+    server never uses (the MCP transport lets a server answer it 405), DELETE ends a session
+    that does not exist.
     """
 
     def __init__(self) -> None:
         self._manager: StreamableHTTPSessionManager | None = None
+        self._bus: BusClient | None = None
 
     @asynccontextmanager
     async def serving(self, bus: BusClient) -> AsyncIterator[None]:
@@ -187,19 +202,37 @@ class McpHttpEndpoint:
             app=server, stateless=True, json_response=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         async with manager.run():
-            self._manager = manager
+            self._manager, self._bus = manager, bus
             try:
                 yield
             finally:
-                self._manager = None
+                self._manager, self._bus = None, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._manager is None:
-            body = {"error": {"code": "UNAVAILABLE", "message": "MCP is not serving",
-                              "details": {}}}
-            await JSONResponse(body, status_code=503)(scope, receive, send)
+        refusal = await self._refusal(Request(scope))
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
+        assert self._manager is not None
         await self._manager.handle_request(scope, receive, send)
+
+    async def _refusal(self, request: Request) -> JSONResponse | None:
+        """Why this request goes no further, in order: not serving, no known credential, GET."""
+        if self._manager is None or self._bus is None:
+            return error_response(UnavailableError("MCP is not serving"))
+        token = bearer_token(request)
+        if token is None:
+            return error_response(UnauthenticatedError("a credential is required"))
+        try:  # governance authenticates first, then refuses the body: a cheap credential check
+            await self._bus.command(subjects.LIST, token, REFUSED_BODY, ListResult)
+        except (UnauthenticatedError, UnavailableError) as exc:
+            return error_response(exc)
+        except MemgateError:  # a known credential (scopes are checked per tool call)
+            pass
+        if request.method != "POST":
+            return error_response(MethodNotAllowedError("only POST is served at /mcp"),
+                                  {"Allow": "POST"})
+        return None
 
 
 async def _nats_error(exc: Exception) -> None:

@@ -34,7 +34,8 @@ async def serve(settings: Settings) -> None:
         bus = await start_system(settings, stack)
         url = bus.url
         api = create_app(url, ready_subjects=actor_names(settings),
-                         timeout=settings.request_timeout_s, nats_options=bus.options)
+                         timeout=settings.request_timeout_s, nats_options=bus.options,
+                         max_body_bytes=settings.max_body_bytes)
         config = uvicorn.Config(api, host=settings.http_host, port=settings.http_port,
                                 log_level="warning",
                                 # in-flight requests wait on the bus at most this long

@@ -59,7 +59,8 @@ def render_config(internal_user: str, internal_password: str, agents: Sequence[A
         {"user": internal_user, "password": internal_password},
         *({"nkey": a.public_key, "permissions": agent_permissions(a.inbox_prefix)} for a in agents),
     ]
-    return json.dumps({"authorization": {"users": users}}, indent=2)
+    # 8 MiB payloads: twice the REST body limit (Settings.max_body_bytes), room for the envelope.
+    return json.dumps({"authorization": {"users": users}, "max_payload": 8 * 1024 * 1024}, indent=2)
 
 
 class EmbeddedNats:

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from memgate.contracts.base import Contract
+from memgate.contracts.base import Contract, Id
 
 
 class Role(StrEnum):
@@ -86,8 +86,8 @@ class MemberView(Contract):
 
 class CreateCredential(Contract):
     name: str = Field(min_length=1, max_length=120)
-    scopes: list[Scope] = Field(default_factory=list)
-    context_set_id: str | None = None
+    scopes: list[Scope] = Field(default_factory=list, max_length=len(Scope))
+    context_set_id: Id | None = None
 
 
 class CredentialCreated(Contract):

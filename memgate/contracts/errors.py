@@ -8,6 +8,8 @@ from typing import Any
 
 class ErrorCode(StrEnum):
     VALIDATION_ERROR = "VALIDATION_ERROR"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     AGENT_MEMORY_EMPTY = "AGENT_MEMORY_EMPTY"
     AGENT_MEMORY_PERSONAL_DATA = "AGENT_MEMORY_PERSONAL_DATA"
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -25,6 +27,8 @@ class ErrorCode(StrEnum):
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.VALIDATION_ERROR: 400,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.AGENT_MEMORY_EMPTY: 400,
     ErrorCode.AGENT_MEMORY_PERSONAL_DATA: 400,
     ErrorCode.UNAUTHENTICATED: 401,
@@ -62,6 +66,18 @@ class ValidationFailedError(MemgateError):
     """Malformed body, lengths, counts, bad dates."""
 
     code = ErrorCode.VALIDATION_ERROR
+
+
+class PayloadTooLargeError(MemgateError):
+    """The request body exceeds the configured limit (refused before it is read)."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class MethodNotAllowedError(MemgateError):
+    """The path exists, but not with this HTTP method."""
+
+    code = ErrorCode.METHOD_NOT_ALLOWED
 
 
 class AgentMemoryEmptyError(MemgateError):
@@ -144,7 +160,8 @@ class InternalError(MemgateError):
 ERROR_TYPES: dict[ErrorCode, type[MemgateError]] = {
     cls.code: cls
     for cls in (
-        ValidationFailedError, AgentMemoryEmptyError, AgentMemoryPersonalDataError,
+        ValidationFailedError, PayloadTooLargeError, MethodNotAllowedError,
+        AgentMemoryEmptyError, AgentMemoryPersonalDataError,
         UnauthenticatedError, InsufficientScopeError, ForbiddenError, AgentMemoryDisabledError,
         NonRetainingWorkspaceError, ContextSetScopeRefusedError, NotFoundError,
         AgentMemoryFullError, RateLimitedError, UnavailableError, InternalError,

@@ -5,21 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from memgate.contracts.base import Contract, as_utc
+from memgate.contracts.base import Contract, Id, Instant
 from memgate.contracts.registry import Citation
 
 SourceState = Literal["current", "changed"]
 
 
 class _TimeTravel(Contract):
-    as_of: datetime | None = None
-
-    @field_validator("as_of")
-    @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        return as_utc(value)
+    as_of: Instant | None = None  # converted to UTC
 
 
 class RememberRequest(Contract):
@@ -27,7 +22,7 @@ class RememberRequest(Contract):
     text: str = Field(min_length=1, max_length=1000)
     key: str | None = Field(default=None, min_length=1, max_length=120)
     collection_id: str | None = Field(default=None, min_length=1, max_length=64)
-    citations: list[str] = Field(default_factory=list, max_length=20)
+    citations: list[Id] = Field(default_factory=list, max_length=20)  # passage ids
 
 
 class RecallRequest(_TimeTravel):
@@ -53,7 +48,8 @@ class ForgetRequest(Contract):
     @model_validator(mode="after")
     def _one_target(self) -> ForgetRequest:
         by_key = self.namespace is not None and self.key is not None
-        if (self.memory_id is None) == (not by_key) or (self.memory_id and (self.namespace or self.key)):
+        both = self.memory_id is not None and (self.namespace or self.key)
+        if (self.memory_id is None) == (not by_key) or both:
             raise ValueError("give either memoryId, or namespace and key")
         return self
 
@@ -61,7 +57,7 @@ class ForgetRequest(Contract):
 class DeleteOwnMemories(Contract):
     """Self-service delete (SPEC §2.3): the listed ids, or every agent memory of the member."""
 
-    memory_ids: list[str] | None = Field(default=None, min_length=1, max_length=1000)
+    memory_ids: list[Id] | None = Field(default=None, min_length=1, max_length=1000)
 
 
 class Memory(Contract):

@@ -5,23 +5,23 @@ Passage text enters only to be hashed: the registry keeps its SHA-256 and resolv
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, StringConstraints
 
-from memgate.contracts.base import Contract, as_utc
+from memgate.contracts.base import Contract, Id, Instant
 
-Id = Field(min_length=1, max_length=128)
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
 class Entity(Contract):
-    id: str = Id
-    name: str = Field(min_length=1, max_length=200)
-    aliases: list[str] = Field(default_factory=list, max_length=50)
+    id: Id
+    name: Name
+    aliases: list[Name] = Field(default_factory=list, max_length=50)
 
 
 class PassageIn(Contract):
-    passage_id: str = Id
+    passage_id: Id
     text: str = Field(min_length=1, max_length=100_000)
     entities: list[Entity] = Field(default_factory=list, max_length=200)
 
@@ -35,15 +35,10 @@ class CollectionCreated(Contract):
 
 
 class PutDocument(Contract):
-    collection_id: str = Id
-    expires_at: datetime | None = None
+    collection_id: Id
+    expires_at: Instant | None = None  # converted to UTC
     restricted: bool = False
     passages: list[PassageIn] = Field(default_factory=list, max_length=5000)
-
-    @field_validator("expires_at")
-    @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        return as_utc(value)
 
 
 class DocumentVersion(Contract):
@@ -53,8 +48,8 @@ class DocumentVersion(Contract):
 
 class ContextSetIn(Contract):
     name: str = Field(min_length=1, max_length=200)
-    collection_ids: list[str] = Field(default_factory=list, max_length=1000)
-    document_ids: list[str] = Field(default_factory=list, max_length=10_000)
+    collection_ids: list[Id] = Field(default_factory=list, max_length=1000)
+    document_ids: list[Id] = Field(default_factory=list, max_length=10_000)
 
 
 class ContextSetSaved(Contract):
