@@ -34,7 +34,9 @@ def test_rrf_adds_reciprocal_ranks() -> None:
     assert rrf({"bm25": ["x"]}, k=1)[0].score == pytest.approx(0.5)
 
 
-async def test_a_memory_is_recallable_by_its_words_as_soon_as_remember_returns(memgate: Memgate, transport: str) -> None:
+async def test_a_memory_is_recallable_by_its_words_as_soon_as_remember_returns(
+    memgate: Memgate, transport: str
+) -> None:
     agent = await memgate.new_agent(transport)
     await agent.remember("team", "Team Orion's staging database is Postgres 15")
     await agent.remember("prefs", "The user likes green tea")
@@ -44,7 +46,9 @@ async def test_a_memory_is_recallable_by_its_words_as_soon_as_remember_returns(m
     assert top.memory_id == remembered.memory_id
     assert top.ranks.bm25 == 1
     assert (top.type, top.evidence, top.trust) == ("memory", False, "untrusted")
-    assert top.score == pytest.approx(sum(1 / (60 + r) for r in (top.ranks.bm25, top.ranks.cosine) if r))
+    assert top.score == pytest.approx(
+        sum(1 / (60 + r) for r in (top.ranks.bm25, top.ranks.cosine) if r)
+    )
     await agent.close()
 
 
@@ -105,7 +109,9 @@ def live_index(memgate: Memgate, tenant: str, subject: str) -> tantivy.Index:
     return tantivy.Index.open(str(newest))
 
 
-async def test_forget_removes_the_words_from_the_index_files(memgate: Memgate, transport: str) -> None:
+async def test_forget_removes_the_words_from_the_index_files(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     agent = await memgate.agent(transport, await memgate.credential(owner))
     await agent.remember("notes", "the zebracorn project ships in spring", key="zebra")
@@ -140,7 +146,8 @@ async def test_forget_removes_the_words_from_the_index_files(memgate: Memgate, t
 
     await eventually(gone)
     assert [m.text for m in (await agent.recall("zebracorn sushi")).memories] == [
-        "lunch is usually sushi"]
+        "lunch is usually sushi"
+    ]
     await agent.close()
 
 
@@ -153,18 +160,29 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
         owner = Owner(tenant="ws_restart", subject_id="mb_restart")
 
         async def remember(text: str) -> str:
-            command = StoreRemember(owner=owner, credential_id="cr", namespace="n", text=text,
-                                    retention_days=90)
-            return (await bus.request("mem.int.store.p0.remember", command, RememberResult)).memory_id
+            command = StoreRemember(
+                owner=owner, credential_id="cr", namespace="n", text=text, retention_days=90
+            )
+            return (
+                await bus.request("mem.int.store.p0.remember", command, RememberResult)
+            ).memory_id
 
         root = tmp_path / "data" / "partitions" / "p0" / "text-index"
         first = [await remember(f"before the indexer started {i}") for i in range(5)]
         for expected_extra in (0, 3):
-            extra = [await remember(f"while the indexer was down {i}") for i in range(expected_extra)]
+            extra = [
+                await remember(f"while the indexer was down {i}") for i in range(expected_extra)
+            ]
             first += extra
             async with AsyncExitStack() as run:
-                broker = NatsBroker(memgate.nats_url, logger=None, security=SASLPlaintext(
-                    username=memgate.bus.options["user"], password=memgate.bus.options["password"]))
+                broker = NatsBroker(
+                    memgate.nats_url,
+                    logger=None,
+                    security=SASLPlaintext(
+                        username=memgate.bus.options["user"],
+                        password=memgate.bus.options["password"],
+                    ),
+                )
                 indexer = IndexerActor(partition="p0", root=root, bus=bus)
                 await indexer.start()
                 run.push_async_callback(indexer.stop)
@@ -172,8 +190,9 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
                 await broker.start()
                 run.push_async_callback(broker.stop)
 
-                async def caught_up(indexer: IndexerActor = indexer,
-                                    expected: frozenset[str] = frozenset(first)) -> bool:
+                async def caught_up(
+                    indexer: IndexerActor = indexer, expected: frozenset[str] = frozenset(first)
+                ) -> bool:
                     return indexer.indexes.owner(owner.tenant, owner.subject_id).ids == expected
 
                 await eventually(caught_up)
@@ -181,8 +200,9 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
 
 async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
-        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"embedder.p0"}),
-                                    recall_cosine_deadline_ms=300)
+        memgate = await run_memgate(
+            tmp_path, stack, skip=frozenset({"embedder.p0"}), recall_cosine_deadline_ms=300
+        )
         nc = await memgate.internal()
         stack.push_async_callback(nc.close)
 

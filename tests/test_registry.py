@@ -1,4 +1,4 @@
-"""Citations, live re-verification, entity ranking and context sets (SPEC §2.4, §3.3, §3.5, §3.8)."""
+"""Citations, live re-verification, entity ranking, context sets (SPEC §2.4, §3.3, §3.5, §3.8)."""
 
 from __future__ import annotations
 
@@ -18,32 +18,49 @@ from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
 PASSAGE = "The Orion project ships its releases every Friday afternoon."
 
 
-async def put_document(memgate: Memgate, owner: Member, document_id: str, collection_id: str,
-                       **fields: Any) -> dict[str, Any]:
-    body = {"collectionId": collection_id, "passages": [
-        {"passageId": f"{document_id}-p1", "text": PASSAGE,
-         "entities": [{"id": "e-orion", "name": "Orion", "aliases": ["オリオン", "ORN"]}]},
-    ], **fields}
-    return await memgate.ok("PUT", f"/api/w/{owner.workspace_id}/documents/{document_id}",
-                            owner.token, body)
+async def put_document(
+    memgate: Memgate, owner: Member, document_id: str, collection_id: str, **fields: Any
+) -> dict[str, Any]:
+    body = {
+        "collectionId": collection_id,
+        "passages": [
+            {
+                "passageId": f"{document_id}-p1",
+                "text": PASSAGE,
+                "entities": [{"id": "e-orion", "name": "Orion", "aliases": ["オリオン", "ORN"]}],
+            },
+        ],
+        **fields,
+    }
+    return await memgate.ok(
+        "PUT", f"/api/w/{owner.workspace_id}/documents/{document_id}", owner.token, body
+    )
 
 
 async def collection(memgate: Memgate, owner: Member, name: str = "handbook") -> str:
-    created = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/collections", owner.token,
-                               {"name": name})
+    created = await memgate.ok(
+        "POST", f"/api/w/{owner.workspace_id}/collections", owner.token, {"name": name}
+    )
     return str(created["collectionId"])
 
 
-async def test_a_citation_stores_the_passage_hash_and_never_its_text(memgate: Memgate, transport: str) -> None:
+async def test_a_citation_stores_the_passage_hash_and_never_its_text(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     handbook = await collection(memgate, owner)
     assert (await put_document(memgate, owner, "doc1", handbook))["version"] == 1
     agent = await memgate.agent(transport, await memgate.credential(owner))
     await agent.remember("notes", "releases go out on Fridays", citations=["doc1-p1"])
     [memory] = (await agent.list()).memories
-    assert [c.model_dump() for c in memory.citations] == [{
-        "passage_id": "doc1-p1", "document_id": "doc1", "version": 1,
-        "sha256": hashlib.sha256(PASSAGE.encode()).hexdigest()}]
+    assert [c.model_dump() for c in memory.citations] == [
+        {
+            "passage_id": "doc1-p1",
+            "document_id": "doc1",
+            "version": 1,
+            "sha256": hashlib.sha256(PASSAGE.encode()).hexdigest(),
+        }
+    ]
     assert memory.source_state == "current"
     with pytest.raises(NotFoundError) as unknown:
         await agent.remember("notes", "cites nothing real", citations=["no-such-passage"])
@@ -64,7 +81,9 @@ async def test_restricted_documents_cannot_be_cited(memgate: Memgate) -> None:
         await agent.remember("notes", "from a restricted doc", citations=["secret-p1"])
 
 
-async def test_a_gone_expired_or_restricted_source_hides_the_memory_and_a_new_version_marks_it_changed(memgate: Memgate, transport: str) -> None:
+async def test_a_gone_expired_or_restricted_source_hides_it_and_a_new_version_marks_it_changed(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     handbook = await collection(memgate, owner)
     documents = ("kept", "deleted", "expiring", "restricting")
@@ -72,8 +91,9 @@ async def test_a_gone_expired_or_restricted_source_hides_the_memory_and_a_new_ve
         await put_document(memgate, owner, document, handbook)
     agent = await memgate.agent(transport, await memgate.credential(owner))
     for document in documents:
-        await agent.remember("notes", f"Orion releases: from {document}",
-                             citations=[f"{document}-p1"])
+        await agent.remember(
+            "notes", f"Orion releases: from {document}", citations=[f"{document}-p1"]
+        )
     await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/documents/deleted", owner.token)
     past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
     await put_document(memgate, owner, "expiring", handbook, expiresAt=past)
@@ -83,7 +103,8 @@ async def test_a_gone_expired_or_restricted_source_hides_the_memory_and_a_new_ve
     listed = await agent.list()
     assert listed.hidden in (2, 3)  # the deleted document's memory: hidden, then cascaded away
     assert [(m.text, m.source_state) for m in listed.memories] == [
-        ("Orion releases: from kept", "changed")]
+        ("Orion releases: from kept", "changed")
+    ]
 
     async def expired_and_restricted_are_hidden() -> bool:
         return (await agent.list()).hidden == 2
@@ -95,7 +116,9 @@ async def test_a_gone_expired_or_restricted_source_hides_the_memory_and_a_new_ve
     await agent.close()
 
 
-async def test_deleting_a_cited_document_or_its_collection_deletes_the_memory(memgate: Memgate) -> None:
+async def test_deleting_a_cited_document_or_its_collection_deletes_the_memory(
+    memgate: Memgate,
+) -> None:
     owner = await memgate.workspace()
     handbook, archive = await collection(memgate, owner), await collection(memgate, owner, "old")
     await put_document(memgate, owner, "doc1", handbook)
@@ -115,13 +138,14 @@ async def test_deleting_a_cited_document_or_its_collection_deletes_the_memory(me
     await eventually(cascaded)  # deleted, not merely hidden
 
 
-async def test_entities_named_in_the_query_rank_memories_citing_them(memgate: Memgate, transport: str) -> None:
+async def test_entities_named_in_the_query_rank_memories_citing_them(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
     handbook = await collection(memgate, owner)
     await put_document(memgate, owner, "orion", handbook)
     agent = await memgate.agent(transport, await memgate.credential(owner))
-    cited = await agent.remember("notes", "the release train leaves weekly",
-                                 citations=["orion-p1"])
+    cited = await agent.remember("notes", "the release train leaves weekly", citations=["orion-p1"])
     await agent.remember("notes", "lunch is at noon")
     for query in ("what does ORN do", "オリオンについて", "ｏｒｉｏｎ status"):
         result = await agent.recall(query)
@@ -130,25 +154,45 @@ async def test_entities_named_in_the_query_rank_memories_citing_them(memgate: Me
     await agent.close()
 
 
-async def test_a_credential_bound_to_a_context_set_stays_inside_it(memgate: Memgate, transport: str) -> None:
+async def test_a_credential_bound_to_a_context_set_stays_inside_it(
+    memgate: Memgate, transport: str
+) -> None:
     owner = await memgate.workspace()
-    inside, outside = await collection(memgate, owner, "in"), await collection(memgate, owner, "out")
+    inside, outside = (
+        await collection(memgate, owner, "in"),
+        await collection(memgate, owner, "out"),
+    )
     await put_document(memgate, owner, "doc-out", outside)
-    context_set = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/context-sets",
-                                   owner.token, {"name": "support", "collectionIds": [inside]})
+    context_set = await memgate.ok(
+        "POST",
+        f"/api/w/{owner.workspace_id}/context-sets",
+        owner.token,
+        {"name": "support", "collectionIds": [inside]},
+    )
     unbound = await memgate.agent(transport, await memgate.credential(owner))
     await unbound.remember("notes", "outside the set", collection_id=outside)
-    token = (await memgate.ok("POST", f"/api/w/{owner.workspace_id}/credentials", owner.token, {
-        "name": "bound", "scopes": ["memory:read", "memory:write"],
-        "contextSetId": context_set["contextSetId"]}))["token"]
+    token = (
+        await memgate.ok(
+            "POST",
+            f"/api/w/{owner.workspace_id}/credentials",
+            owner.token,
+            {
+                "name": "bound",
+                "scopes": ["memory:read", "memory:write"],
+                "contextSetId": context_set["contextSetId"],
+            },
+        )
+    )["token"]
     bound = await memgate.agent(transport, token)
 
     await bound.remember("notes", "inside the set", collection_id=inside)
-    for refused in (bound.remember("notes", "x", collection_id=outside),
-                    bound.remember("notes", "no collection at all"),
-                    bound.remember("notes", "cites outside", citations=["doc-out-p1"]),
-                    bound.list(collection_id=outside),
-                    bound.recall("set", collection_id=outside)):
+    for refused in (
+        bound.remember("notes", "x", collection_id=outside),
+        bound.remember("notes", "no collection at all"),
+        bound.remember("notes", "cites outside", citations=["doc-out-p1"]),
+        bound.list(collection_id=outside),
+        bound.recall("set", collection_id=outside),
+    ):
         with pytest.raises(ContextSetScopeRefusedError):
             await refused
     assert [m.text for m in (await bound.list()).memories] == ["inside the set"]
@@ -157,23 +201,31 @@ async def test_a_credential_bound_to_a_context_set_stays_inside_it(memgate: Memg
     with pytest.raises(NotFoundError):
         await bound.forget(memory_id=outside_memory.memory_id)
 
-    await memgate.ok("PUT", f"/api/w/{owner.workspace_id}/context-sets/"
-                     f"{context_set['contextSetId']}", owner.token,
-                     {"name": "support", "collectionIds": [outside]})  # the set as it is now
+    await memgate.ok(
+        "PUT",
+        f"/api/w/{owner.workspace_id}/context-sets/{context_set['contextSetId']}",
+        owner.token,
+        {"name": "support", "collectionIds": [outside]},
+    )  # the set as it is now
     assert [m.text for m in (await bound.list()).memories] == ["outside the set"]
     await bound.close()
     await unbound.close()
 
 
-async def test_only_owner_or_operator_change_the_registry_and_unknown_sets_are_refused(memgate: Memgate) -> None:
+async def test_only_owner_or_operator_change_the_registry_and_unknown_sets_are_refused(
+    memgate: Memgate,
+) -> None:
     owner = await memgate.workspace()
     editor = await memgate.member(owner)
     path = f"/api/w/{owner.workspace_id}/collections"
     assert (await memgate.admin("POST", path, editor.token, {"name": "x"})).status_code == 403
     assert (await memgate.admin("POST", path, ADMIN_TOKEN, {"name": "x"})).status_code == 200
-    unknown_set = await memgate.admin("POST", f"/api/w/{owner.workspace_id}/credentials",
-                                      owner.token, {"name": "b", "scopes": ["memory:read"],
-                                                    "contextSetId": "cs_nope"})
+    unknown_set = await memgate.admin(
+        "POST",
+        f"/api/w/{owner.workspace_id}/credentials",
+        owner.token,
+        {"name": "b", "scopes": ["memory:read"], "contextSetId": "cs_nope"},
+    )
     assert unknown_set.status_code == 404
 
 
@@ -185,7 +237,9 @@ async def test_registry_changes_are_announced_as_events(memgate: Memgate) -> Non
     await put_document(memgate, owner, "doc1", handbook)
     await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/documents/doc1", owner.token)
     upserted, deleted = await events.next_msg(timeout=5), await events.next_msg(timeout=5)
-    assert (upserted.subject, deleted.subject) == ("mem.evt.registry.doc_upserted",
-                                                   "mem.evt.registry.doc_deleted")
+    assert (upserted.subject, deleted.subject) == (
+        "mem.evt.registry.doc_upserted",
+        "mem.evt.registry.doc_deleted",
+    )
     assert b"afternoon" not in upserted.data
     await nc.close()
