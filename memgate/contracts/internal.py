@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from memgate.contracts.base import Contract
 from memgate.contracts.memory import Memory
@@ -12,7 +12,12 @@ from memgate.contracts.registry import Citation
 
 
 class Owner(Contract):
-    """Whose memories: the tenant (workspace) and the subject (the member who owns them)."""
+    """Whose memories: the tenant (workspace) and the subject (the member who owns them).
+
+    Open like events, which carry it: a field added by a newer process is ignored, not fatal.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
     tenant: str
     subject_id: str
