@@ -31,5 +31,9 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.latency $(ARGS)
 
+.PHONY: load
+load: $(STAMP)  # the load benchmark (bench/load.py); ARGS=--quick for a short check
+	$(BIN)/python -m bench.load $(ARGS)
+
 clean:
 	rm -rf $(VENV) .memgate .pytest_cache

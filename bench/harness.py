@@ -34,6 +34,7 @@ class Running:
     http_url: str
     http: httpx.AsyncClient
     data_dir: Path
+    pid: int | None = None  # of the `memgate up` process (its children are memgate too)
 
     def internal_login(self) -> dict[str, str]:
         """The internal user's login (the benchmark runs on the same machine as memgate)."""
@@ -90,7 +91,9 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
                     except httpx.TransportError:
                         pass
                     await asyncio.sleep(0.05)
-                yield Running(f"nats://127.0.0.1:{nats_port}", http_url, http, data)
+                yield Running(
+                    f"nats://127.0.0.1:{nats_port}", http_url, http, data, process.pid
+                )
             finally:
                 process.send_signal(signal.SIGINT)
                 await asyncio.wait_for(process.wait(), 60)
@@ -134,6 +137,24 @@ async def consumers_idle(
                 return asyncio.get_running_loop().time() - started
             if asyncio.get_running_loop().time() - started > timeout:
                 raise TimeoutError("consumers did not catch up")
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
+async def events_idle(running: Running, stream: str = "MEM_EVT", timeout: float = 600) -> float:
+    """Seconds until every consumer of `stream`, whatever its name, has nothing left to do."""
+    nc = await nats.connect(running.nats_url, **running.internal_login())
+    js = nc.jetstream()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        while True:
+            infos = await js.consumers_info(stream)
+            if all(not i.num_pending and not i.num_ack_pending for i in infos):
+                return loop.time() - started
+            if loop.time() - started > timeout:
+                raise TimeoutError(f"the consumers of {stream} did not catch up")
             await asyncio.sleep(0.05)
     finally:
         await nc.close()
