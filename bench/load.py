@@ -9,10 +9,11 @@
     make load ARGS=--quick                        # the same, through the Makefile
 
 `memgate up` starts with its defaults (`bench.harness.memgate_up`, which only lifts the remember
-limits per credential and member). Every agent is a member of one workspace with its own credential (memory:read,
-memory:write) and its own NATS NKey login (`POST /api/admin/nats-agents`); each is preloaded with
-`--memories` memories (concurrent remembers over the bus), then the benchmark waits until every
-consumer of the events stream is idle. It waits so again after every scenario ("drain s").
+limits per credential and member). Every agent is a member of one workspace with its own
+credential (memory:read, memory:write) and its own NATS NKey login (`POST /api/admin/nats-agents`);
+each is preloaded with `--memories` memories (concurrent remembers over the bus), then the
+benchmark waits until every consumer of the events stream is idle, as it does again after every
+scenario ("drain s").
 
 Scenarios: agents (1, 8, 32, 64) × mix (remember only, recall only, 70/30 recall/remember) × load
 (saturation = closed loop: every agent sends its next command when the previous one returns;
