@@ -394,6 +394,7 @@ async def run_scenario(running: Running, agents: Sequence[Agent], scenario: Scen
         client_cpu_ms_per_op=client_cpu * 1000 / replies,
         embedded_p50_ms=statistics.median(probe.lags_ms) if probe.lags_ms else None,
         embedded_samples=len(probe.lags_ms),
+        embedded_gave_up=probe.gave_up,
         probe_polls=probe.polls,
         drain_s=drain_s,
     )

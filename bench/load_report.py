@@ -45,6 +45,7 @@ class Result:
     client_cpu_ms_per_op: float
     embedded_p50_ms: float | None  # acknowledgement → recall ranks it by cosine
     embedded_samples: int
+    embedded_gave_up: int  # samples never ranked by cosine within a minute
     probe_polls: int  # recalls the ack → embedded probe sent (server CPU includes them)
     drain_s: float
 
@@ -72,9 +73,17 @@ def median_of(runs: Sequence[Result]) -> Result:
         client_cpu_ms_per_op=statistics.median(r.client_cpu_ms_per_op for r in runs),
         embedded_p50_ms=med([r.embedded_p50_ms for r in runs]),
         embedded_samples=sum(r.embedded_samples for r in runs),
+        embedded_gave_up=sum(r.embedded_gave_up for r in runs),
         probe_polls=sum(r.probe_polls for r in runs),
         drain_s=statistics.median(r.drain_s for r in runs),
     )
+
+
+def embedded_cell(result: Result) -> str:
+    late = f", {result.embedded_gave_up} > 60 s" if result.embedded_gave_up else ""
+    if result.embedded_p50_ms is None:
+        return f"- ({late[2:]})" if late else "-"
+    return f"{result.embedded_p50_ms:.0f} ({result.embedded_samples}{late})"
 
 
 def latency_cell(result: Result, kind: Kind) -> str:
@@ -95,7 +104,7 @@ def cells(r: Result) -> list[str]:
         s.mix, f"{r.ops_per_s:.1f}", latency_cell(r, "remember"), latency_cell(r, "recall"),
         ", ".join(f"{code} {n}" for code, n in sorted(r.errors.items())) or "0",
         f"{r.server_cpu_ms_per_op:.1f}", f"{r.client_cpu_ms_per_op:.1f}",
-        "-" if r.embedded_p50_ms is None else f"{r.embedded_p50_ms:.0f} ({r.embedded_samples})",
+        embedded_cell(r),
         f"{r.drain_s:.2f}",
         PREVIOUS.get(key(s), ""),
     ]
