@@ -24,15 +24,16 @@ REST with the agent's token). Then the issue's target line: 50 agents, 70/30, at
 `--target-rate` (150/s).
 
 Per scenario: ops/s (successful commands / time from the start to the last reply), p50/p99 per
-command, errors by code (`MemgateError.code` on the bus, the JSON body's `error.code` over REST;
-`SHED` = dropped by the benchmark, never sent), CPU of the `memgate up` process tree per command
-(utime+stime+cutime+cstime of it and every descendant, nats-server included, from /proc, from the
-start of the scenario until the events stream is drained, so the background indexing and embedding
-of its remembers count) and of this process, and acknowledgement → embedded: one remember at a time
-(at most one a second, `--probe-every`) is followed by its agent polling `recall(text, namespace)`
-(10 ms apart at first, growing to 200 ms) until the memory comes back with a cosine rank
-(`Ranks.cosine`: the vector channel has it). That figure is an upper bound, late by at most one
-poll interval plus one recall; the polls add a few recalls a second to the server's CPU.
+command (of every reply, failures included), errors by code (`MemgateError.code` on the bus, the
+JSON body's `error.code` over REST; `SHED` = dropped by the benchmark, never sent), CPU of the
+`memgate up` process tree per command (utime+stime+cutime+cstime of it and every descendant,
+nats-server included, from /proc, from the start of the scenario until the events stream is
+drained, so the background indexing and embedding of its remembers count) and of this process,
+and acknowledgement → embedded: one remember at a time (at most one a second, `--probe-every`) is
+followed by its agent polling `recall(text, namespace)` (10 ms apart at first, growing to 200 ms)
+until the memory comes back with a cosine rank (`Ranks.cosine`: the vector channel has it). That
+figure is an upper bound, late by at most one poll interval plus one recall; the polls add a few
+recalls a second to the server's CPU.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class Ops(Protocol):
 
 
 class BusOps:
+    """An agent's commands through `MemgateClient` (its own NATS login)."""
+
     def __init__(self, client: MemgateClient) -> None:
         self._client = client
 
@@ -103,6 +106,8 @@ class BusOps:
 
 
 class RestOps:
+    """An agent's commands over REST, with its credential as the bearer token."""
+
     def __init__(self, http: httpx.AsyncClient, token: str) -> None:
         self._http = http
         self._auth = {"Authorization": f"Bearer {token}"}
@@ -113,9 +118,10 @@ class RestOps:
         if response.is_success:
             return response.content
         try:
-            raise OpError(str(response.json()["error"]["code"]))
-        except (ValueError, KeyError, TypeError):
-            raise OpError(f"HTTP {response.status_code}") from None
+            code = str(response.json()["error"]["code"])
+        except (ValueError, KeyError, TypeError):  # not memgate's error shape
+            code = f"HTTP {response.status_code}"
+        raise OpError(code)
 
     async def remember(self, namespace: str, text: str) -> str:
         reply = await self._post("remember", {"namespace": namespace, "text": text})
