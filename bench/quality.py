@@ -3,7 +3,7 @@
     python -m bench.quality [--set bench/data/relevance.json]
 
 Fused numbers come from the public recall command; the single lists come from the indexer and
-the embedder over the same candidates (the internal subjects the recall actor itself calls).
+the embedder over all of the member's memories (the internal subjects recall itself calls).
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from bench.harness import agent_token, consumers_idle, memgate_up
 from memgate.bus import BusClient
 from memgate.contracts import Principal
 from memgate.contracts.internal import (
-    Candidates,
     Owner,
     PrincipalRequest,
     Ranking,
     RankRequest,
-    StoreQuery,
+    RecallFilters,
 )
 from memgate.storage.directory import hash_token
 
@@ -53,12 +52,9 @@ async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type:
                 stored = await agent.remember(memory["namespace"], memory["text"])
                 ids[stored.memory_id] = memory["id"]
             await consumers_idle(running)
-            candidates = await bus.request(
-                "mem.int.store.p0.candidates", StoreQuery(owner=owner, limit=300), Candidates
-            )
             for query in labelled["queries"]:
                 rank = RankRequest(
-                    owner=owner, query=query["query"], memory_ids=candidates.memory_ids
+                    filters=RecallFilters(owner=owner), query=query["query"], depth=100
                 )
                 ranked = {
                     "bm25": (await bus.request("mem.int.index.p0.rank", rank, Ranking)).memory_ids,

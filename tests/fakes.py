@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -17,12 +17,12 @@ from faststream.nats import NatsBroker, TestNatsBroker
 
 from memgate.bus import decode_reply
 from memgate.contracts import (
-    Contract, Envelope, ForgetResult, ListResult, Principal, RememberResult,
+    Contract, Envelope, ForgetResult, ListResult, Memory, Principal, RememberResult,
 )
 from memgate.contracts.errors import UnauthenticatedError, UnavailableError
 from memgate.contracts.internal import (
-    Candidates, OwnedText, RankRequest, StoreForget, StoreQuery, StoreRemember, Texts,
-    TextsRequest,
+    CatalogRequest, CatalogRows, OwnedText, RankRequest, RecallFilters, RecallScope, Rows,
+    RowsRequest, StoreForget, StoreQuery, StoreRemember, Texts, TextsRequest,
 )
 from memgate.contracts.registry import CheckRemember, Citation, Scope, Verification
 from memgate.ports.bus import BatchHandler
@@ -189,13 +189,16 @@ class FakeRegistry:
 
 @dataclass
 class FakeStorage:
-    """`Storage`: keeps what it was sent; answers lists and candidates from fixed values."""
+    """`Storage`: keeps what it was sent; answers lists, and recall's scope and rows, from
+    fixed values (`memories` newest first)."""
 
     remembered: list[StoreRemember] = field(default_factory=list)
     forgotten: list[StoreForget] = field(default_factory=list)
     queries: list[StoreQuery] = field(default_factory=list)
     page: ListResult = field(default_factory=lambda: ListResult(memories=[]))
-    window: Candidates | None = None
+    memories: list[Memory] = field(default_factory=list)
+    scopes: list[RecallFilters] = field(default_factory=list)
+    rows_asked: list[list[str]] = field(default_factory=list)
 
     async def remember(self, command: StoreRemember) -> RememberResult:
         self.remembered.append(command)
@@ -211,15 +214,19 @@ class FakeStorage:
         self.forgotten.append(command)
         return ForgetResult(deleted=1)
 
-    async def candidates(self, query: StoreQuery) -> Candidates:
-        self.queries.append(query)
-        assert self.window is not None, "set the candidates first"
-        return self.window
+    async def recall_scope(self, filters: RecallFilters) -> RecallScope:
+        self.scopes.append(filters)
+        return RecallScope(high_seq=len(self.memories), total=len(self.memories),
+                           cited={m.memory_id: m.citations for m in self.memories if m.citations})
+
+    async def rows(self, request: RowsRequest) -> Rows:
+        self.rows_asked.append(list(request.memory_ids))
+        return Rows(memories=[m for m in self.memories if m.memory_id in request.memory_ids])
 
 
 @dataclass
 class FakeRankers:
-    """`Rankers`: fixed BM25 and cosine lists (filtered to the candidates, as the real ones)."""
+    """`Rankers`: fixed BM25 and cosine lists (without the excluded ids, as the real ones)."""
 
     bm25_ids: list[str] = field(default_factory=list)
     cosine_ids: list[str] = field(default_factory=list)
@@ -227,12 +234,12 @@ class FakeRankers:
 
     async def bm25(self, request: RankRequest) -> list[str]:
         self.requests.append(request)
-        return [i for i in self.bm25_ids if i in request.memory_ids]
+        return [i for i in self.bm25_ids if i not in request.exclude]
 
     async def cosine(self, request: RankRequest) -> list[str]:
         assert request.vector is not None, "recall sends the query's vector"
         self.requests.append(request)
-        return [i for i in self.cosine_ids if i in request.memory_ids]
+        return [i for i in self.cosine_ids if i not in request.exclude]
 
 
 class FakeEmbedder:
@@ -266,3 +273,24 @@ def texts_route(texts: dict[str, str]) -> Route:
 
     return answer
 
+
+
+def catalog_route(texts: dict[str, str]) -> Route:
+    """A storage `catalog` route over the same dict: each id gets the next seq when first seen
+    (dict order), all in namespace "n", created a second apart."""
+    seqs: dict[str, int] = {}
+
+    async def answer(payload: bytes) -> CatalogRows:
+        request = CatalogRequest.model_validate_json(payload)
+        for memory_id in texts:
+            seqs.setdefault(memory_id, len(seqs) + 1)
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        rows = [(seqs[i], i) for i in texts if seqs[i] > request.after_seq]
+        return CatalogRows(
+            high_seq=max((seqs[i] for i in texts), default=0), memory_ids=[i for _, i in rows],
+            seqs=[s for s, _ in rows], namespaces=["n"] * len(rows), keys=[None] * len(rows),
+            collection_ids=[None] * len(rows),
+            created_at=[start + timedelta(seconds=s) for s, _ in rows],
+            superseded_at=[None] * len(rows), legal_hold=[False] * len(rows))
+
+    return answer

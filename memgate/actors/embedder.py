@@ -1,12 +1,18 @@
-"""The embedder actor: one partition's memory vectors, and cosine ranking of candidates.
+"""The embedder actor: one partition's memory vectors, and cosine ranking (SPEC §3.5).
 
 Fed like the indexer by a durable pull consumer on `mem.evt.<p>.memory` (ids only; texts come
 from storage). Query embeddings go through a batcher: requests that arrive while the model is
 busy are embedded together in one ONNX call (batching under load, none when idle).
+
+Each owner it ranks for has a `Catalog` whose rows carry the vectors: a recall's filters become
+a mask, and the owner's whole matrix is scored by one matrix-vector product. A rank request
+catches the catalog up to the owner's newest seq first (metadata only: a memory is found by
+meaning once its vector exists, by its words at once).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,11 +20,14 @@ import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored, read_event
-from memgate.contracts.internal import Owner, Ranking, RankRequest, Texts, TextsRequest
+from memgate.contracts.internal import (
+    CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
+)
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
+from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
 
@@ -37,6 +46,8 @@ class EmbedderActor:
         self._vectors: VectorStore | None = None
         self._embedder: OnnxEmbedder | None = None
         self._batcher: Batcher | None = None
+        self._catalogs: dict[Owner, Catalog] = {}
+        self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=batch)
 
@@ -68,34 +79,69 @@ class EmbedderActor:
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
+    async def catch_up(self, owner: Owner, min_seq: int) -> Catalog:
+        """The owner's catalog, holding every version up to `min_seq` at least (with the
+        vectors already made; the others wait for `embed_missing`)."""
+        catalog = self._catalogs.get(owner)
+        if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
+            return catalog
+        async with self._locks[owner]:
+            if owner not in self._catalogs:
+                assert self._embedder is not None, "start() first"
+                self._catalogs[owner] = Catalog(dim=self._embedder.dim)
+            catalog = self._catalogs[owner]
+            if catalog.loaded and catalog.seq >= min_seq:
+                return catalog
+            rows = await self._bus.request(
+                subjects.store(self.partition, "catalog"),
+                CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
+            added = catalog.apply(rows)
+            found, matrix = self.vectors.known(added)
+            if matrix is not None:
+                catalog.set_vectors(found, matrix)
+            catalog.loaded = True
+            return catalog
+
+    async def embed_missing(self, owner: Owner, catalog: Catalog) -> None:
+        """Embed the owner's versions that have no vector yet (texts fetched from storage)."""
+        missing = catalog.unembedded()
+        if not missing:
+            return
+        texts = await self._bus.request(subjects.store(self.partition, "texts"),
+                                        TextsRequest(owner=owner, memory_ids=missing), Texts)
+        if not texts.items:
+            return
+        assert self._embedder is not None, "start() first"
+        ids = [item.memory_id for item in texts.items]
+        matrix = await self._model_thread(self._embedder.embed, [i.text for i in texts.items])
+        await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id, ids, matrix)
+        catalog.set_vectors(ids, matrix)
+
     async def on_events(self, payloads: list[bytes]) -> None:
-        stored: defaultdict[Owner, list[str]] = defaultdict(list)
-        deleted: list[str] = []
+        stored: dict[Owner, int] = {}
+        deleted: defaultdict[Owner, list[str]] = defaultdict(list)
         for event in [read_event(MEMORY_EVENT, p) for p in payloads]:  # all, before any work
             if isinstance(event, MemoryStored):
-                if event.memory_id not in self.vectors:
-                    stored[event.owner].append(event.memory_id)
+                stored[event.owner] = max(stored.get(event.owner, 0), event.seq)
             elif isinstance(event, MemoriesDeleted):
-                deleted.extend(event.memory_ids)
-        assert self._embedder is not None
-        for owner, ids in stored.items():
-            texts = await self._bus.request(subjects.store(self.partition, "texts"),
-                                            TextsRequest(owner=owner, memory_ids=ids), Texts)
-            if texts.items:
-                matrix = await self._model_thread(self._embedder.embed,
-                                                  [item.text for item in texts.items])
-                await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id,
-                                         [item.memory_id for item in texts.items], matrix)
-        if deleted:
-            await self._store_thread(self.vectors.delete, deleted)
+                deleted[event.owner].extend(event.memory_ids)
+        for owner, seq in stored.items():
+            await self.embed_missing(owner, await self.catch_up(owner, seq))
+        for owner, ids in deleted.items():
+            await self._store_thread(self.vectors.delete, ids)
+            catalog = self._catalogs.get(owner)
+            if catalog is not None:
+                catalog.remove(ids)
 
     async def rank(self, payload: bytes) -> Ranking:
-        """Order the candidates that already have vectors by cosine similarity to the query
-        (its vector when the caller sends one, else the query embedded here)."""
+        """The allowed versions that have vectors, by cosine similarity to the query (its
+        vector when the caller sends one, else the query embedded here)."""
         request = parse(RankRequest, payload)
         assert self._batcher is not None
+        catalog = await self.catch_up(request.filters.owner, request.min_seq)
         if request.vector is not None:
             query = np.asarray(request.vector, dtype=np.float32)
         else:
             query = await self._batcher.embed(request.query)
-        return Ranking(memory_ids=self.vectors.rank(query, request.memory_ids))
+        mask = catalog.allowed(request.filters, request.exclude)
+        return Ranking(memory_ids=catalog.nearest(query, mask, request.depth))

@@ -1,12 +1,17 @@
-"""The indexer actor: keeps one partition's Tantivy indexes and ranks candidates by BM25.
+"""The indexer actor: keeps one partition's Tantivy indexes and ranks by BM25 (SPEC §3.5).
 
 Fed by `mem.evt.<p>.memory` through a durable pull consumer (at-least-once; adding a memory
 twice replaces it, so redelivery is harmless; a restarted indexer resumes where it acked).
 Events carry ids only: the masked text is fetched from storage, and never stored in the index.
 
-Read-your-writes: a rank request names its candidates; any the index does not hold yet are
-fetched and indexed before searching, so a memory is recallable by its words as soon as
-remember has returned, however far the event consumer lags.
+Each owner it ranks for has a `Catalog` (metadata of every version, no text), loaded from
+storage on first use and brought up to date by seq. A rank request carries the recall's filters:
+the catalog turns them into the allowed ids, and the owner's whole index is searched for those.
+
+Read-your-writes: a rank request names the owner's newest seq (`min_seq`, from storage); an
+indexer that has applied less catches up first (the versions' metadata, then the texts it lacks),
+so a memory is recallable by its words as soon as remember has returned, however far the event
+consumer lags.
 """
 
 from __future__ import annotations
@@ -15,12 +20,17 @@ import asyncio
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored, read_event
-from memgate.contracts.internal import Owner, Ranking, RankRequest, Texts, TextsRequest
+from memgate.contracts.internal import (
+    CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
+)
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
-from memgate.storage.text_index import TextIndexes
+from memgate.storage.catalog import Catalog
+from memgate.storage.text_index import OwnerIndex, TextIndexes
 
 
 class IndexerActor:
@@ -31,6 +41,7 @@ class IndexerActor:
         self._bus = bus
         self._serial = Serial(self.name)
         self._indexes: TextIndexes | None = None
+        self._catalogs: dict[Owner, Catalog] = {}
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"indexer-{partition}",
                                     self.on_events)
@@ -59,47 +70,62 @@ class IndexerActor:
                                         TextsRequest(owner=owner, memory_ids=ids), Texts)
         return [(item.memory_id, item.text) for item in texts.items]
 
-    async def ensure_indexed(self, owner: Owner, ids: list[str]) -> None:
-        index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
-        missing = [i for i in ids if i not in index.ids]
-        if missing:
-            await self._serial(index.add, await self._texts(owner, missing))
+    async def _index(self, owner: Owner) -> OwnerIndex:
+        return await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
 
-    async def rebuild(self, owner: Owner, deleted: list[str]) -> None:
-        index = await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
-        if index.ids.isdisjoint(deleted):
-            return
-        items = await self._texts(owner, None)
-        await self._serial(index.rebuild, items)
+    async def catch_up(self, owner: Owner, min_seq: int) -> Catalog:
+        """The owner's catalog, holding every version up to `min_seq` at least, each one
+        indexed (those storage still has)."""
+        catalog = self._catalogs.get(owner)
+        if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
+            return catalog
+        async with self._locks[owner]:
+            catalog = self._catalogs.setdefault(owner, Catalog())
+            if catalog.loaded and catalog.seq >= min_seq:
+                return catalog
+            rows = await self._bus.request(
+                subjects.store(self.partition, "catalog"),
+                CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
+            catalog.apply(rows)
+            index = await self._index(owner)
+            missing = [i for i in catalog.ids if i not in index.ids]
+            if missing:
+                await self._serial(index.add, await self._texts(owner, missing))
+            catalog.loaded = True
+            return catalog
+
+    async def remove(self, owner: Owner, deleted: list[str]) -> None:
+        """Forget deleted versions; if the index held any, rebuild it without them."""
+        async with self._locks[owner]:
+            catalog = self._catalogs.get(owner)
+            if catalog is not None:
+                catalog.remove(deleted)
+            index = await self._index(owner)
+            if index.ids.isdisjoint(deleted):
+                return
+            items = await self._texts(owner, None)
+            await self._serial(index.rebuild, items)
 
     async def on_events(self, payloads: list[bytes]) -> None:
-        stored: defaultdict[Owner, list[str]] = defaultdict(list)
+        stored: dict[Owner, int] = {}
         deleted: defaultdict[Owner, list[str]] = defaultdict(list)
         for event in [read_event(MEMORY_EVENT, p) for p in payloads]:  # all, before any work
             if isinstance(event, MemoryStored):
-                stored[event.owner].append(event.memory_id)
+                stored[event.owner] = max(stored.get(event.owner, 0), event.seq)
             elif isinstance(event, MemoriesDeleted):
                 deleted[event.owner].extend(event.memory_ids)
-        for owner, ids in stored.items():
-            async with self._locks[owner]:
-                await self.ensure_indexed(owner, ids)
+        for owner, seq in stored.items():
+            await self.catch_up(owner, seq)
         for owner, ids in deleted.items():
-            async with self._locks[owner]:
-                await self.rebuild(owner, ids)
+            await self.remove(owner, ids)
 
     async def rank(self, payload: bytes) -> Ranking:
         request = parse(RankRequest, payload)
-        owner = request.owner
-
-        def rank() -> list[str] | None:  # None: some candidates are not indexed yet
-            index = self.indexes.owner(owner.tenant, owner.subject_id)
-            if not index.ids.issuperset(request.memory_ids):
-                return None
-            return index.rank(request.query, request.memory_ids)
-
-        ranked = await self._serial(rank)
-        if ranked is None:
-            async with self._locks[owner]:
-                await self.ensure_indexed(owner, request.memory_ids)
-            ranked = await self._serial(rank) or []
+        owner = request.filters.owner
+        catalog = await self.catch_up(owner, request.min_seq)
+        mask = catalog.allowed(request.filters, request.exclude)
+        ids = catalog.ids
+        allowed = {ids[row] for row in np.flatnonzero(mask)}
+        index = await self._index(owner)
+        ranked = await self._serial(index.rank, request.query, allowed, request.depth)
         return Ranking(memory_ids=ranked)

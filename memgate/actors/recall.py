@@ -1,14 +1,19 @@
-"""The recall actor: fused ranking over an owner's newest candidates (SPEC §3.5).
+"""The recall actor: fused ranking over all of an owner's memories (SPEC §3.5).
 
-1. the query is embedded here (its own model; concurrent queries batched) while storage
-   returns the candidates: the newest `window` versions current at `asOf`, legal holds excluded;
-2. the registry hides candidates whose cited sources are gone and counts the entities the query
-   names; BM25 ranks from the indexer and cosine ranks from the embedder (both over the
-   remaining candidates only) are asked in parallel;
-3. the cosine channel has a deadline covering query embedding and scoring, counted from the
+1. the query is embedded here (its own model; concurrent queries batched) while storage answers
+   the recall's scope: the owner's newest seq, how many versions the filters allow (current at
+   `asOf`, legal holds out, namespace, collection, context set; the newest `window` of them
+   when an operator caps it) and the citing ones among them, ids and citations only;
+2. the registry verifies those citations (hidden memories never take a place) and counts the
+   entities the query names in each one's passages (the entity channel);
+3. BM25 from the indexer and cosine from the embedder are asked in parallel, each for its best
+   `depth` under the same filters, searched in its own index; both catch up to the newest seq
+   first (read-your-writes);
+4. the cosine channel has a deadline covering query embedding and scoring, counted from the
    start of the recall: when it passes, the answer goes out without it, `degraded: ["cosine"]`;
    BM25 has a deadline of its own (`degraded: ["bm25"]`);
-4. Reciprocal Rank Fusion with k; ties go to the newer memory.
+5. Reciprocal Rank Fusion with k; storage reads only the fused head's rows (those that still
+   exist and match), and the next ones are taken until `limit` are shown; ties go to the newer.
 
 Stateless apart from the read-only model: any number run in one queue group.
 """
@@ -23,13 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Ranks, RecalledMemory, RecallResult
+from memgate.contracts import Memory, Ranks, RecalledMemory, RecallResult
 from memgate.contracts.errors import MemgateError
-from memgate.contracts.internal import RankRequest, RecallQuery, StoreQuery
+from memgate.contracts.internal import RankRequest, RecallFilters, RecallQuery, RowsRequest
+from memgate.contracts.registry import Verification
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
 from memgate.policy.citations import apply
-from memgate.policy.fusion import rrf
+from memgate.policy.fusion import Fused, rrf
 from memgate.ports.bus import Requester
 from memgate.ports.embedder import LoadEmbedder
 from memgate.ports.ranking import BusRankers, Rankers
@@ -38,6 +44,7 @@ from memgate.ports.storage import BusStorage, Storage
 from memgate.runtime.actor import Serial, ready_route
 
 QUEUE = "recall"
+HEAD_MARGIN = 5  # rows read beyond the limit, for hidden, deleted or superseded ones
 
 
 async def within(work: Awaitable[list[str]], seconds: float) -> list[str] | None:
@@ -52,13 +59,15 @@ class RecallActor:
     name = "recall"
 
     def __init__(self, *, storage: Storage, registry: Registry, rankers: Rankers,
-                 embedder: LoadEmbedder, window: int, rrf_k: int, cosine_deadline_ms: int,
-                 bm25_deadline_ms: int, batch: int) -> None:
+                 embedder: LoadEmbedder, window: int | None, rrf_k: int,
+                 cosine_deadline_ms: int, bm25_deadline_ms: int, batch: int,
+                 depth: int = 100) -> None:
         self._storage = storage
         self._registry = registry
         self._rankers = rankers
         self._load = embedder
         self._window = window
+        self._depth = depth
         self._k = rrf_k
         self._cosine_deadline = cosine_deadline_ms / 1000
         self._bm25_deadline = bm25_deadline_ms / 1000
@@ -68,14 +77,14 @@ class RecallActor:
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int, model: Path, tokenizer: Path,
-               window: int, rrf_k: int, cosine_deadline_ms: int, bm25_deadline_ms: int,
-               batch: int) -> RecallActor:
+               window: int | None, rrf_k: int, cosine_deadline_ms: int, bm25_deadline_ms: int,
+               batch: int, depth: int = 100) -> RecallActor:
         """Recall whose collaborators are the other actors over `bus`, with the ONNX model."""
         return cls(storage=BusStorage(bus, partitions=partitions), registry=BusRegistry(bus),
                    rankers=BusRankers(bus, partitions=partitions),
                    embedder=partial(OnnxEmbedder, model, tokenizer), window=window, rrf_k=rrf_k,
                    cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
-                   batch=batch)
+                   batch=batch, depth=depth)
 
     async def start(self) -> None:
         encoder = await self._thread(self._load)
@@ -104,34 +113,63 @@ class RecallActor:
         query = parse(RecallQuery, payload)
         assert self._batcher is not None, "start() first"
         vector = asyncio.ensure_future(self._batcher.embed(query.query))
+        filters = RecallFilters(owner=query.owner, namespace=query.namespace,
+                                collection_id=query.collection_id,
+                                collection_ids=query.collection_ids, as_of=query.as_of,
+                                window=self._window)
         try:
-            candidates = await self._storage.candidates(StoreQuery(
-                owner=query.owner, namespace=query.namespace, collection_id=query.collection_id,
-                collection_ids=query.collection_ids, as_of=query.as_of, limit=self._window))
-            verdict = await self._registry.verify(
-                query.owner.tenant, query.context_set_id,
-                {i: c for i, c in zip(candidates.memory_ids, candidates.citations, strict=True)
-                 if c},
-                query.query)
+            scope = await self._storage.recall_scope(filters)
+            verdict = await self._registry.verify(query.owner.tenant, query.context_set_id,
+                                                  scope.cited, query.query)
             hidden = set(verdict.hidden)
-            eligible = [i for i in candidates.memory_ids if i not in hidden]
-            if not eligible:
+            if scope.total <= len(hidden):
                 return RecallResult(memories=[], hidden=len(hidden))
-            rank = RankRequest(owner=query.owner, query=query.query, memory_ids=eligible)
+            rank = RankRequest(filters=filters, query=query.query, depth=self._depth,
+                               min_seq=scope.high_seq, exclude=sorted(hidden))
             bm25, cosine = await asyncio.gather(
                 within(self._rankers.bm25(rank), self._bm25_deadline),
                 within(self._cosine(rank, vector),
                        self._cosine_deadline - (loop.time() - started)))
         finally:
             vector.cancel()
-        position = {memory_id: i for i, memory_id in enumerate(candidates.memory_ids)}
+        newest_first = {memory_id: i for i, memory_id in enumerate(scope.cited)}
         matches = {i: n for i, n in verdict.entity_matches.items() if i not in hidden}
-        entity = sorted(matches, key=lambda memory_id: (-matches[memory_id], position[memory_id]))
+        entity = sorted(matches, key=lambda memory_id: (-matches[memory_id],
+                                                        newest_first.get(memory_id, 0)))
         channels = {"bm25": bm25, "cosine": cosine, "entity": entity}
         degraded = [name for name, ids in channels.items() if ids is None]
         fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k)
-        top = sorted(fused, key=lambda f: (-f.score, position[f.memory_id]))[: query.limit]
-        shown = apply(verdict, [candidates.memory(position[f.memory_id]) for f in top])
+        shown, late_hidden = await self._head(query, filters, verdict, set(scope.cited), fused)
         memories = [RecalledMemory(**m.model_dump(), score=f.score, ranks=Ranks(**f.ranks))
-                    for m, f in zip(shown, top, strict=True)]
-        return RecallResult(memories=memories, degraded=degraded, hidden=len(hidden))
+                    for m, f in shown]
+        return RecallResult(memories=memories, degraded=degraded,
+                            hidden=len(hidden) + late_hidden)
+
+    async def _head(self, query: RecallQuery, filters: RecallFilters, verdict: Verification,
+                    verified: set[str], fused: list[Fused],
+                    ) -> tuple[list[tuple[Memory, Fused]], int]:
+        """The first `limit` fused memories that storage still holds under the filters, with
+        their rows; ties go to the newer memory. Rows citing sources the scope did not cover
+        (remembered since) are verified too: (shown, how many of those were hidden)."""
+        found: list[tuple[Memory, Fused]] = []
+        late_hidden = 0
+        taken = 0
+        while len(found) < query.limit and taken < len(fused):
+            batch = fused[taken: taken + 2 * (query.limit - len(found)) + HEAD_MARGIN]
+            taken += len(batch)
+            rows = (await self._storage.rows(RowsRequest(
+                filters=filters, memory_ids=[f.memory_id for f in batch]))).memories
+            late = {m.memory_id: m.citations for m in rows
+                    if m.citations and m.memory_id not in verified}
+            if late:
+                extra = await self._registry.verify(query.owner.tenant, query.context_set_id,
+                                                    late)
+                late_hidden += len(extra.hidden)
+                verified |= late.keys()
+                verdict = verdict.model_copy(update={
+                    "hidden": [*verdict.hidden, *extra.hidden],
+                    "changed": [*verdict.changed, *extra.changed]})
+            by_id = {m.memory_id: m for m in apply(verdict, rows)}
+            found += [(by_id[f.memory_id], f) for f in batch if f.memory_id in by_id]
+        found.sort(key=lambda pair: (-pair[1].score, -pair[0].created_at.timestamp()))
+        return found[: query.limit], late_hidden

@@ -31,8 +31,8 @@ from memgate.contracts.events import (
 )
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
-    Candidates, OwnedText, Owner, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
-    TextsRequest,
+    CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters, RecallScope, Rows,
+    RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts, TextsRequest,
 )
 from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
@@ -91,7 +91,8 @@ class StorageActor:
         router = NatsRouter()
         for operation, handler in {
             "remember": self.remember, "list": self.list_memories, "forget": self.forget,
-            "candidates": self.candidates, "texts": self.texts,
+            "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
+            "texts": self.texts,
             "purge": self.purge,
         }.items():
             router.subscriber(subjects.store(self.partition, operation))(replying(handler))
@@ -151,17 +152,56 @@ class StorageActor:
         cursor = encode_cursor(page[-1].seq, snapshot) if len(rows) > query.limit else None
         return ListResult(memories=[memory_of(r) for r in page], next_cursor=cursor)
 
-    async def candidates(self, payload: bytes) -> Candidates:
-        """The newest `limit` versions current at `asOf` for an owner (recall's window)."""
-        query = parse(StoreQuery, payload)
-        rows = await self._serial(lambda: self.store.versions(
-            self._filters(query), as_of=query.as_of or datetime.now(UTC), limit=query.limit))
-        return Candidates(
-            memory_ids=[r.memory_id for r in rows], namespaces=[r.namespace for r in rows],
-            keys=[r.key for r in rows], collection_ids=[r.collection_id for r in rows],
-            texts=[r.text for r in rows], created_at=[r.created_at for r in rows],
-            superseded_at=[r.superseded_at for r in rows],
-            citations=[citations_of(r) for r in rows])
+    @staticmethod
+    def _recall_filters(filters: RecallFilters) -> Filters:
+        return Filters(filters.owner.tenant, filters.owner.subject_id, filters.namespace, None,
+                       filters.collection_id,
+                       None if filters.collection_ids is None else tuple(filters.collection_ids))
+
+    async def recall_scope(self, payload: bytes) -> RecallScope:
+        """For recall, before ranking: the owner's newest seq, how many versions the filters
+        allow, and the citing ones among them (to verify). Ids and citations, never text."""
+        filters = parse(RecallFilters, payload)
+        owner = filters.owner
+
+        def read() -> tuple[int, int, list[tuple[str, str]]]:
+            high = self.store.high_seq(owner.tenant, owner.subject_id)
+            total, cited = self.store.recall_scope(
+                self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
+                window=filters.window)
+            return high, total, cited
+
+        high, total, cited = await self._serial(read)
+        return RecallScope(high_seq=high, total=total, cited={
+            memory_id: [Citation.model_validate(c) for c in json.loads(citations)]
+            for memory_id, citations in cited})
+
+    async def rows(self, payload: bytes) -> Rows:
+        """The ranked head of a recall: those of the ids that still exist and still match."""
+        request = parse(RowsRequest, payload)
+        filters = request.filters
+        rows = await self._serial(lambda: self.store.rows(
+            self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
+            memory_ids=request.memory_ids))
+        return Rows(memories=[memory_of(r) for r in rows])
+
+    async def catalog(self, payload: bytes) -> CatalogRows:
+        """An owner's versions above a seq, without text, for the indexer's and embedder's
+        catalogs (SPEC §3.5: each channel filters in its own index)."""
+        request = parse(CatalogRequest, payload)
+        owner = request.owner
+
+        def read() -> tuple[int, list[tuple[Any, ...]]]:
+            return (self.store.high_seq(owner.tenant, owner.subject_id),
+                    self.store.catalog(owner.tenant, owner.subject_id, request.after_seq))
+
+        high, rows = await self._serial(read)
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 8
+        return CatalogRows(
+            high_seq=high, memory_ids=list(columns[0]), seqs=list(columns[1]),
+            namespaces=list(columns[2]), keys=list(columns[3]), collection_ids=list(columns[4]),
+            created_at=list(columns[5]), superseded_at=list(columns[6]),
+            legal_hold=list(columns[7]))
 
     def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
         def event(owner: str, ids: list[str]) -> bytes:

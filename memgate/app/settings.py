@@ -37,7 +37,9 @@ class Settings(BaseSettings):
     limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
     limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace
 
-    recall_window: int = Field(default=300, ge=1, le=5000)
+    # An operator's cap: rank only the newest N versions a recall's filters allow (None: all).
+    recall_window: int | None = Field(default=None, ge=1)
+    recall_depth: int = Field(default=100, ge=1, le=1000)  # ids each channel returns to fuse
     recall_rrf_k: int = Field(default=60, ge=1)
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)
     # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.

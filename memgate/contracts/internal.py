@@ -60,23 +60,57 @@ class StorePurge(Contract):
     memory_ids: list[str] | None = Field(default=None, max_length=1000)  # None: all
 
 
-class Candidates(Contract):
-    """Recall's window, newest first, as columns (one parse for 300 rows, not 300 models)."""
+class RecallFilters(Contract):
+    """Which of an owner's versions a recall may rank: current at `as_of` (now when None),
+    legal holds excluded, in the namespace / collection / context set given; the newest
+    `window` of those only when an operator caps it (None: all of them)."""
 
+    owner: Owner
+    namespace: str | None = None
+    collection_id: str | None = None
+    collection_ids: list[str] | None = None  # a bound credential's context set
+    as_of: datetime | None = None
+    window: int | None = None
+
+
+class RecallScope(Contract):
+    """What recall learns from storage before ranking (a small reply, never texts)."""
+
+    high_seq: int  # the owner's newest version's seq: channels catch up to it (read-your-writes)
+    total: int  # how many versions the filters allow
+    cited: dict[str, list[Citation]] = Field(default_factory=dict)  # of those, the citing ones
+
+
+class RowsRequest(Contract):
+    """These versions, if they still exist and the filters still allow them."""
+
+    filters: RecallFilters
     memory_ids: list[str]
+
+
+class Rows(Contract):
+    memories: list[Memory]  # in no particular order; missing and filtered-out ids are absent
+
+
+class CatalogRequest(Contract):
+    """An owner's versions with a seq above `after_seq`: metadata only, never text."""
+
+    owner: Owner
+    after_seq: int = 0
+
+
+class CatalogRows(Contract):
+    """Versions as columns, oldest first (one parse for thousands of rows, not one model each)."""
+
+    high_seq: int  # the owner's newest seq when read: the caller is caught up to it
+    memory_ids: list[str]
+    seqs: list[int]
     namespaces: list[str]
     keys: list[str | None]
     collection_ids: list[str | None]
-    texts: list[str]
     created_at: list[datetime]
     superseded_at: list[datetime | None]
-    citations: list[list[Citation]]
-
-    def memory(self, i: int) -> Memory:
-        return Memory(memory_id=self.memory_ids[i], namespace=self.namespaces[i], key=self.keys[i],
-                      collection_id=self.collection_ids[i], text=self.texts[i],
-                      created_at=self.created_at[i], superseded_at=self.superseded_at[i],
-                      citations=self.citations[i])
+    legal_hold: list[bool]
 
 
 class TextsRequest(Contract):
@@ -94,16 +128,20 @@ class Texts(Contract):
 
 
 class RankRequest(Contract):
-    """Rank these candidates for `query` (the BM25 and cosine channels)."""
+    """The best `depth` of the owner's versions that the filters allow, for `query` (the BM25
+    and cosine channels). A channel that has applied less than `min_seq` of the owner's
+    versions catches up from storage first; `exclude` (hidden memories) never takes a place."""
 
-    owner: Owner
+    filters: RecallFilters
     query: str
-    memory_ids: list[str]
+    depth: int
+    min_seq: int = 0
+    exclude: list[str] = Field(default_factory=list)
     vector: list[float] | None = None  # the query's embedding, when the caller has it
 
 
 class Ranking(Contract):
-    memory_ids: list[str]  # best first; candidates that did not match are absent
+    memory_ids: list[str]  # best first; versions that did not match are absent
 
 
 class PrincipalRequest(Contract):

@@ -12,11 +12,11 @@ from memgate.runtime.actor import partition_of
 
 class Rankers(Protocol):
     async def bm25(self, request: RankRequest) -> list[str]:
-        """The candidates that match the query's words, best first."""
+        """The allowed versions that match the query's words, best first."""
         ...
 
     async def cosine(self, request: RankRequest) -> list[str]:
-        """The candidates that have vectors, most similar to `request.vector` first."""
+        """The allowed versions that have vectors, most similar to `request.vector` first."""
         ...
 
 
@@ -28,11 +28,11 @@ class BusRankers:
         self._partitions = partitions
 
     async def bm25(self, request: RankRequest) -> list[str]:
-        partition = partition_of(request.owner.tenant, self._partitions)
+        partition = partition_of(request.filters.owner.tenant, self._partitions)
         return (await self._bus.request(subjects.index(partition, "rank"), request,
                                         Ranking)).memory_ids
 
     async def cosine(self, request: RankRequest) -> list[str]:
-        partition = partition_of(request.owner.tenant, self._partitions)
+        partition = partition_of(request.filters.owner.tenant, self._partitions)
         return (await self._bus.request(subjects.embed(partition, "rank"), request,
                                         Ranking)).memory_ids

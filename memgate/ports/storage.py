@@ -6,7 +6,9 @@ from typing import Protocol
 
 from memgate.bus import subjects
 from memgate.contracts import ForgetResult, ListResult, RememberResult
-from memgate.contracts.internal import Candidates, StoreForget, StoreQuery, StoreRemember
+from memgate.contracts.internal import (
+    RecallFilters, RecallScope, Rows, RowsRequest, StoreForget, StoreQuery, StoreRemember,
+)
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import partition_of
 
@@ -16,8 +18,12 @@ class Storage(Protocol):
     async def list(self, query: StoreQuery) -> ListResult: ...
     async def forget(self, command: StoreForget) -> ForgetResult: ...
 
-    async def candidates(self, query: StoreQuery) -> Candidates:
-        """The newest `query.limit` versions current at `asOf` (recall's window)."""
+    async def recall_scope(self, filters: RecallFilters) -> RecallScope:
+        """The owner's newest seq, how many versions the filters allow, the citing ones."""
+        ...
+
+    async def rows(self, request: RowsRequest) -> Rows:
+        """Those of the ids that still exist and that the filters still allow."""
         ...
 
 
@@ -43,6 +49,10 @@ class BusStorage:
         return await self._bus.request(self._subject(command.owner.tenant, "forget"), command,
                                        ForgetResult)
 
-    async def candidates(self, query: StoreQuery) -> Candidates:
-        return await self._bus.request(self._subject(query.owner.tenant, "candidates"), query,
-                                       Candidates)
+    async def recall_scope(self, filters: RecallFilters) -> RecallScope:
+        return await self._bus.request(self._subject(filters.owner.tenant, "scope"), filters,
+                                       RecallScope)
+
+    async def rows(self, request: RowsRequest) -> Rows:
+        return await self._bus.request(self._subject(request.filters.owner.tenant, "rows"),
+                                       request, Rows)

@@ -230,6 +230,45 @@ class MemoryStore:
         return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), _aware(r[7]),
                     r[8]) for r in rows]
 
+    def high_seq(self, tenant: str, subject_id: str) -> int:
+        """The seq of the owner's newest version (0: none). Channels that have applied it have
+        every version the owner has."""
+        return int(self._one("SELECT coalesce(max(seq), 0) FROM memories "
+                             "WHERE tenant = ? AND subject_id = ?", [tenant, subject_id])[0])
+
+    def recall_scope(self, filters: Filters, *, as_of: datetime,
+                     window: int | None) -> tuple[int, list[tuple[str, str]]]:
+        """How many versions recall may rank (the newest `window` of them at most), and the
+        ones among those that cite anything: (memory id, citations JSON)."""
+        where, params = self._where(filters, as_of)
+        total = int(self._one(f"SELECT count(*) FROM memories WHERE {where}", params)[0])
+        allowed = f"SELECT memory_id, citations, seq FROM memories WHERE {where}"
+        if window is not None:
+            total = min(total, window)
+            allowed += " ORDER BY seq DESC LIMIT ?"
+            params = [*params, window]
+        cited = self._db.execute(f"SELECT memory_id, citations FROM ({allowed}) "
+                                 "WHERE citations <> '[]'", params).fetchall()
+        return total, [(r[0], r[1]) for r in cited]
+
+    def rows(self, filters: Filters, *, as_of: datetime, memory_ids: list[str]) -> list[Row]:
+        """Those of `memory_ids` that exist and that the filters allow at `as_of`."""
+        where, params = self._where(filters, as_of)
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM memories WHERE {where} AND list_contains(?, memory_id)",
+            [*params, memory_ids]).fetchall()
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), _aware(r[7]),
+                    r[8]) for r in rows]
+
+    def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
+        """The owner's versions above `after_seq`, oldest first, without text: (memory_id,
+        seq, namespace, key, collection_id, created_at, superseded_at, legal_hold)."""
+        rows = self._db.execute(
+            "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
+            "legal_hold FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
+            "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
+        return [(*r[:5], r[5].replace(tzinfo=UTC), _aware(r[6]), r[7]) for r in rows]
+
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,
                memory_ids: list[str] | None = None,

@@ -16,7 +16,7 @@ import shutil
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import tantivy
@@ -24,6 +24,9 @@ import tantivy
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
 READY = "READY"
+# Up to this many indexed documents that a recall may not see are skipped after an unrestricted
+# search; more, and the search is restricted to the allowed ids instead.
+UNRESTRICTED_SKIP = 200
 # Words that say nothing about which memory is meant; dropped from queries (not from documents)
 # so that BM25 lists only memories sharing content words with the query.
 STOPWORDS = frozenset("""
@@ -133,20 +136,18 @@ class OwnerIndex:
         self._index, self.ids = index, ids
         shutil.rmtree(self._path(old))
 
-    def rank(self, query: str, candidate_ids: list[str]) -> list[str]:
-        """BM25 order of the candidates that match `query` well enough (best first).
-
-        A candidate counts when it shares at least half of the query's distinct content words
-        (or, for CJK queries, any of its character n-grams). One shared common word out of many
-        is noise that would otherwise outvote the cosine ranking in the fusion.
-        """
+    def _matching(self, query: str) -> tantivy.Query | None:
+        """Documents that share at least half of the query's distinct content words (or, for
+        CJK queries, any of its character n-grams); None when the query has no content.
+        One shared common word out of many is noise that would otherwise outvote the cosine
+        ranking in the fusion."""
         words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
         content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
         word_queries = [self._index.parse_query_lenient(w, ["text"])[0] for w in content]
         gram_queries = [tantivy.Query.term_query(SCHEMA, "cjk", g)
                         for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
-        if not (word_queries or gram_queries) or not candidate_ids:
-            return []
+        if not (word_queries or gram_queries):
+            return None
         should = tantivy.Occur.Should
         parts = []
         if word_queries:  # at least half of the content words
@@ -155,12 +156,32 @@ class OwnerIndex:
                 minimum_number_should_match=(len(word_queries) + 1) // 2)))
         if gram_queries:
             parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
-        restrict = tantivy.Query.const_score_query(
-            tantivy.Query.term_set_query(SCHEMA, "memory_id", candidate_ids), 0.0)
-        scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, tantivy.Query.boolean_query(parts)),
-                                              (tantivy.Occur.Must, restrict)])
+        return tantivy.Query.boolean_query(parts)
+
+    def rank(self, query: str, allowed: Collection[str], depth: int | None = None) -> list[str]:
+        """BM25 order of the `allowed` documents that match `query` (best first, `depth` at
+        most; see `_matching`).
+
+        When few indexed documents are not allowed (superseded versions, other namespaces),
+        the whole index is searched and those are skipped; otherwise the search is restricted
+        to the allowed ids with a zero-scored term-set filter (pure BM25 either way).
+        """
+        matching = self._matching(query)
+        depth = len(allowed) if depth is None else depth
+        if matching is None or not allowed or depth <= 0:
+            return []
         searcher = self._index.searcher()
-        hits = searcher.search(scoped, limit=len(candidate_ids)).hits
+        blocked = max(searcher.num_docs - len(allowed), 0)
+        if blocked <= max(depth, UNRESTRICTED_SKIP):
+            allowed_set = allowed if isinstance(allowed, (set, frozenset)) else set(allowed)
+            hits = searcher.search(matching, limit=depth + blocked).hits
+            ranked = (searcher.doc(address)["memory_id"][0] for _, address in hits)
+            return [memory_id for memory_id in ranked if memory_id in allowed_set][:depth]
+        restrict = tantivy.Query.const_score_query(
+            tantivy.Query.term_set_query(SCHEMA, "memory_id", list(allowed)), 0.0)
+        scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
+                                              (tantivy.Occur.Must, restrict)])
+        hits = searcher.search(scoped, limit=depth).hits
         return [searcher.doc(address)["memory_id"][0] for _, address in hits]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Memory vectors of one partition: a DuckDB file (BLOBs of float32) mirrored in memory.
 
-Vectors are normalised at write time, so cosine similarity is one matrix-vector product.
+Vectors are normalised at write time, so cosine similarity is one matrix-vector product; the
+embedder copies each owner's into the rows of its `Catalog` (one contiguous matrix per owner).
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ class VectorStore:
         for memory_id in ids:
             self._vectors.pop(memory_id, None)
 
-    def rank(self, query: np.ndarray, candidate_ids: list[str]) -> list[str]:
-        """Candidates that have a vector, by cosine similarity to `query` (best first)."""
-        found = [(i, v) for i in candidate_ids if (v := self._vectors.get(i)) is not None]
+    def known(self, ids: list[str]) -> tuple[list[str], np.ndarray | None]:
+        """Those of `ids` that have a vector, and their vectors as rows (None: none have)."""
+        found = [i for i in ids if i in self._vectors]
         if not found:
-            return []
-        scores = np.stack([v for _, v in found]) @ query
-        return [found[j][0] for j in np.argsort(-scores, kind="stable")]
+            return [], None
+        return found, np.stack([self._vectors[i] for i in found])

@@ -13,8 +13,8 @@ from memgate.actors import embedder as embedder_module
 from memgate.actors.embedder import EmbedderActor
 from memgate.bus import subjects
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
-from memgate.contracts.internal import Owner, Ranking, RankRequest
-from tests.fakes import FakeBus, FakeEmbedder, Served, served, texts_route
+from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
+from tests.fakes import FakeBus, FakeEmbedder, Served, catalog_route, served, texts_route
 
 pytestmark = pytest.mark.unit
 
@@ -27,10 +27,13 @@ class World:
     bus: Served
     fake: FakeBus
     model: FakeEmbedder
+    texts: dict[str, str]
 
-    async def rank(self, query: str, ids: list[str]) -> list[str]:
+    async def rank(self, query: str, *, min_seq: int = 0, exclude: tuple[str, ...] = (),
+                   namespace: str | None = None) -> list[str]:
         return (await self.bus.call(subjects.embed("p0", "rank"), RankRequest(
-            owner=OWNER, query=query, memory_ids=ids), Ranking)).memory_ids
+            filters=RecallFilters(owner=OWNER, namespace=namespace), query=query, depth=10,
+            min_seq=min_seq, exclude=list(exclude)), Ranking)).memory_ids
 
     async def stored(self, *ids: str) -> None:
         await self.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id=i,
@@ -44,22 +47,28 @@ async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     # The actor loads its model by path; the fake stands in for the ONNX session.
     monkeypatch.setattr(embedder_module, "OnnxEmbedder", lambda *_, **__: model)
     texts = {"a": "budget review numbers", "b": "team lunch friday", "c": "budget lunch"}
-    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts)})
+    # storage holds what the test puts in `texts`; the catalog route numbers them in order
+    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts),
+                    subjects.store("p0", "catalog"): catalog_route(texts)})
     actor = EmbedderActor(partition="p0", path=tmp_path / "vectors.duckdb", model=Path("m"),
                           tokenizer=Path("t"), bus=fake, batch=4)
     async with served(actor) as bus:
-        yield World(bus, fake, model)
+        yield World(bus, fake, model, texts)
 
 
 async def test_stored_memories_rank_by_cosine_similarity(world: World) -> None:
     await world.stored("a", "b", "c")
-    assert (await world.rank("budget review numbers", ["a", "b", "c"]))[0] == "a"
-    assert (await world.rank("team lunch friday", ["a", "b", "c"]))[0] == "b"
+    assert (await world.rank("budget review numbers"))[0] == "a"
+    assert (await world.rank("team lunch friday"))[0] == "b"
+    assert "a" not in await world.rank("budget review numbers", exclude=("a",))
+    assert await world.rank("budget", namespace="elsewhere") == []
 
 
-async def test_only_candidates_with_vectors_are_ranked(world: World) -> None:
+async def test_only_memories_with_vectors_are_ranked(world: World) -> None:
+    del world.texts["b"], world.texts["c"]
     await world.stored("a")
-    assert await world.rank("budget", ["a", "b"]) == ["a"]
+    world.texts["b"] = "budget lunch"  # remembered; its event has not come yet
+    assert await world.rank("budget", min_seq=2) == ["a"]
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
@@ -71,6 +80,8 @@ async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
 
 async def test_a_deleted_memory_loses_its_vector(world: World) -> None:
     await world.stored("a", "c")
+    del world.texts["a"]
     await world.fake.deliver(DURABLE, [MemoriesDeleted(partition="p0", owner=OWNER,
                                                        memory_ids=["a"]).to_json()])
-    assert await world.rank("budget review numbers", ["a", "c"]) == ["c"]
+    ranked = await world.rank("budget review numbers")
+    assert ranked[0] == "c" and "a" not in ranked

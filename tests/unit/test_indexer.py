@@ -1,5 +1,6 @@
 """The indexer on the in-memory broker (a real Tantivy index in a temp dir, storage faked):
-events feed the index, deletions leave it, and rank reads its own writes."""
+events feed the index, deletions leave it, rank filters in its own index and reads its own
+writes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from memgate.actors.indexer import IndexerActor
 from memgate.bus import subjects
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
-from memgate.contracts.internal import Owner, Ranking, RankRequest
-from tests.fakes import FakeBus, Served, served, texts_route
+from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
+from tests.fakes import FakeBus, Served, catalog_route, served, texts_route
 
 pytestmark = pytest.mark.unit
 
@@ -27,9 +28,11 @@ class World:
     fake: FakeBus
     texts: dict[str, str]
 
-    async def rank(self, query: str, ids: list[str]) -> list[str]:
+    async def rank(self, query: str, *, min_seq: int = 0, exclude: tuple[str, ...] = (),
+                   namespace: str | None = None) -> list[str]:
         return (await self.bus.call(subjects.index("p0", "rank"), RankRequest(
-            owner=OWNER, query=query, memory_ids=ids), Ranking)).memory_ids
+            filters=RecallFilters(owner=OWNER, namespace=namespace), query=query, depth=10,
+            min_seq=min_seq, exclude=list(exclude)), Ranking)).memory_ids
 
     async def stored(self, *ids: str) -> None:
         await self.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id=i,
@@ -41,20 +44,29 @@ class World:
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     texts = {"a": "the quarterly budget review", "b": "lunch with the design team",
              "c": "budget for the design offsite"}
-    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts)})
+    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts),
+                    subjects.store("p0", "catalog"): catalog_route(texts)})
     actor = IndexerActor(partition="p0", root=tmp_path / "text-index", bus=fake)
     async with served(actor) as bus:
         yield World(bus, fake, texts)
 
 
-async def test_indexed_memories_rank_by_bm25_among_the_candidates(world: World) -> None:
+async def test_indexed_memories_rank_by_bm25_under_the_filters(world: World) -> None:
     await world.stored("a", "b", "c")
-    assert set(await world.rank("budget", ["a", "b", "c"])) == {"a", "c"}
-    assert await world.rank("budget", ["b", "c"]) == ["c"]  # candidates only
+    assert set(await world.rank("budget")) == {"a", "c"}
+    assert await world.rank("budget", exclude=("a",)) == ["c"]  # hidden: never a place
+    assert await world.rank("budget", namespace="elsewhere") == []
 
 
-async def test_rank_indexes_candidates_the_events_have_not_brought_yet(world: World) -> None:
-    assert await world.rank("lunch", ["a", "b"]) == ["b"]
+async def test_rank_catches_up_to_the_newest_seq_before_searching(world: World) -> None:
+    assert await world.rank("lunch", min_seq=3) == ["b"]  # no event has arrived yet
+
+
+async def test_a_redelivered_event_asks_storage_nothing(world: World) -> None:
+    await world.stored("a", "b", "c")
+    asked = len(world.fake.asked)
+    await world.stored("a", "b", "c")
+    assert len(world.fake.asked) == asked
 
 
 async def test_a_deleted_memory_leaves_the_index(world: World) -> None:
@@ -62,5 +74,5 @@ async def test_a_deleted_memory_leaves_the_index(world: World) -> None:
     del world.texts["a"]  # storage no longer has it
     await world.fake.deliver(DURABLE, [MemoriesDeleted(partition="p0", owner=OWNER,
                                                        memory_ids=["a"]).to_json()])
-    assert await world.rank("budget", ["c"]) == ["c"]
-    assert "a" not in await world.rank("quarterly budget", ["c"])
+    assert await world.rank("budget") == ["c"]
+    assert "a" not in await world.rank("quarterly budget")

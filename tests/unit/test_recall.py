@@ -1,5 +1,5 @@
 """Recall on the in-memory broker: RRF over BM25, cosine and entities; the cosine deadline;
-hidden memories never take a place."""
+hidden memories never take a place; storage reads only the fused head."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from memgate.actors.recall import RecallActor
 from memgate.bus import subjects
-from memgate.contracts import RecallResult
-from memgate.contracts.internal import Candidates, Owner, RecallQuery
+from memgate.contracts import Memory, RecallResult
+from memgate.contracts.internal import Owner, RecallQuery
 from memgate.contracts.registry import Citation, Verification
 from memgate.policy.fusion import rrf
 from tests.fakes import FakeEmbedder, FakeRankers, FakeRegistry, FakeStorage, Served, served
@@ -26,15 +26,13 @@ OWNER = Owner(tenant="ws", subject_id="member")
 CITATION = Citation(passage_id="p", document_id="d", version=1, sha256="0" * 64)
 
 
-def window(*ids: str, cited: frozenset[str] = frozenset()) -> Candidates:
-    """Candidates newest first, as storage returns them."""
+def window(*ids: str, cited: frozenset[str] = frozenset()) -> list[Memory]:
+    """Memories newest first, as storage holds them."""
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    return Candidates(
-        memory_ids=list(ids), namespaces=["n"] * len(ids), keys=[None] * len(ids),
-        collection_ids=[None] * len(ids), texts=[f"text of {i}" for i in ids],
-        created_at=[start - timedelta(minutes=n) for n in range(len(ids))],
-        superseded_at=[None] * len(ids),
-        citations=[[CITATION] if i in cited else [] for i in ids])
+    return [Memory(memory_id=i, namespace="n", text=f"text of {i}",
+                   created_at=start - timedelta(minutes=n),
+                   citations=[CITATION] if i in cited else [])
+            for n, i in enumerate(ids)]
 
 
 @dataclass
@@ -52,10 +50,11 @@ class World:
 
 @asynccontextmanager
 async def recall_on(embedder: FakeEmbedder, *, cosine_deadline_ms: int = 5_000,
-                    bm25_deadline_ms: int = 5_000) -> AsyncIterator[World]:
+                    bm25_deadline_ms: int = 5_000,
+                    window: int | None = None) -> AsyncIterator[World]:
     storage, registry, rankers = FakeStorage(), FakeRegistry(), FakeRankers()
     actor = RecallActor(storage=storage, registry=registry, rankers=rankers,
-                        embedder=lambda: embedder, window=300, rrf_k=K,
+                        embedder=lambda: embedder, window=window, rrf_k=K,
                         cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
                         batch=8)
     async with served(actor) as bus:
@@ -69,7 +68,7 @@ async def world() -> AsyncIterator[World]:
 
 
 async def test_recall_fuses_the_channels_by_reciprocal_rank(world: World) -> None:
-    world.storage.window = window("a", "b", "c", "d", cited=frozenset({"c"}))
+    world.storage.memories = window("a", "b", "c", "d", cited=frozenset({"c"}))
     world.rankers.bm25_ids = ["b", "a"]
     world.rankers.cosine_ids = ["a", "c", "b"]
     world.registry.verdict = Verification(entity_matches={"c": 2})
@@ -81,11 +80,12 @@ async def test_recall_fuses_the_channels_by_reciprocal_rank(world: World) -> Non
     assert (first.memory_id, first.ranks.bm25, first.ranks.cosine, first.ranks.entity) == \
         ("a", 2, 1, None)
     assert result.degraded == []
-    assert world.storage.queries[-1].limit == 300  # the window, not the caller's limit
+    assert world.storage.scopes[-1].window is None  # every memory, not the newest 300
+    assert {r.min_seq for r in world.rankers.requests} == {4}  # read-your-writes
 
 
 async def test_equal_scores_go_to_the_newer_memory(world: World) -> None:
-    world.storage.window = window("newer", "older")
+    world.storage.memories = window("newer", "older")
     world.rankers.bm25_ids = ["older"]
     world.rankers.cosine_ids = ["newer"]
     result = await world.recall()
@@ -93,13 +93,13 @@ async def test_equal_scores_go_to_the_newer_memory(world: World) -> None:
 
 
 async def test_the_limit_cuts_the_fused_list(world: World) -> None:
-    world.storage.window = window("a", "b", "c")
+    world.storage.memories = window("a", "b", "c")
     world.rankers.bm25_ids = ["c", "b", "a"]
     assert [m.memory_id for m in (await world.recall(limit=2)).memories] == ["c", "b"]
 
 
 async def test_hidden_memories_never_take_a_place(world: World) -> None:
-    world.storage.window = window("hidden", "a", "b", cited=frozenset({"hidden", "a"}))
+    world.storage.memories = window("hidden", "a", "b", cited=frozenset({"hidden", "a"}))
     world.rankers.bm25_ids = ["hidden", "a", "b"]
     world.rankers.cosine_ids = ["hidden", "b"]
     world.registry.verdict = Verification(hidden=["hidden"], changed=["a"],
@@ -108,12 +108,12 @@ async def test_hidden_memories_never_take_a_place(world: World) -> None:
     assert [m.memory_id for m in result.memories] == ["b", "a"]
     assert [m.source_state for m in result.memories] == ["current", "changed"]
     assert result.hidden == 1
-    assert all("hidden" not in r.memory_ids for r in world.rankers.requests)
+    assert all("hidden" in r.exclude for r in world.rankers.requests)
     assert set(world.registry.verified[-1]) == {"hidden", "a"}
 
 
 async def test_everything_hidden_answers_nothing_without_ranking(world: World) -> None:
-    world.storage.window = window("a", cited=frozenset({"a"}))
+    world.storage.memories = window("a", cited=frozenset({"a"}))
     world.registry.verdict = Verification(hidden=["a"])
     result = await world.recall()
     assert (result.memories, result.hidden) == ([], 1)
@@ -127,7 +127,7 @@ async def test_a_slow_embedder_degrades_cosine_and_bm25_still_answers() -> None:
     try:
         async with recall_on(embedder, cosine_deadline_ms=50) as world:
             gate.clear()
-            world.storage.window = window("a", "b")
+            world.storage.memories = window("a", "b")
             world.rankers.bm25_ids = ["b"]
             world.rankers.cosine_ids = ["a", "b"]
             result = await world.recall()
@@ -136,3 +136,30 @@ async def test_a_slow_embedder_degrades_cosine_and_bm25_still_answers() -> None:
             gate.set()  # let the model thread finish before the actor stops
     finally:
         gate.set()
+
+
+async def test_storage_reads_only_the_rows_of_the_fused_head(world: World) -> None:
+    ids = [f"m{i}" for i in range(40)]
+    world.storage.memories = window(*ids)
+    world.rankers.bm25_ids = ids
+    result = await world.recall(limit=3)
+    assert [m.memory_id for m in result.memories] == ["m0", "m1", "m2"]
+    assert len(world.storage.rows_asked) == 1
+    assert len(world.storage.rows_asked[0]) < 15
+
+
+async def test_a_memory_gone_from_storage_gives_its_place_to_the_next(world: World) -> None:
+    world.storage.memories = window(*[f"m{i}" for i in range(10)])
+    gone = [f"gone{i}" for i in range(20)]  # ranked by a channel, deleted since
+    world.rankers.bm25_ids = [*gone, "m7", "m8"]
+    result = await world.recall(limit=2)
+    assert [m.memory_id for m in result.memories] == ["m7", "m8"]
+
+
+async def test_the_operators_window_reaches_every_channel() -> None:
+    async with recall_on(FakeEmbedder(), window=50) as world:
+        world.storage.memories = window("a")
+        world.rankers.bm25_ids = ["a"]
+        await world.recall()
+        assert world.storage.scopes[-1].window == 50
+        assert {r.filters.window for r in world.rankers.requests} == {50}

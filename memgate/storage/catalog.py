@@ -1,0 +1,212 @@
+"""One owner's memory versions as columns in memory, for filtering recall in each channel.
+
+The indexer and the embedder each keep one per owner they rank for, loaded from storage on first
+use (metadata only, never text) and brought up to date by seq (`CatalogRows` above the last seq
+applied). A recall's filters become a boolean mask over the rows, evaluated with numpy: current
+at `as_of`, legal holds out, namespace, collection, context set, and an operator's window.
+
+A version's `superseded_at` is set by storage when a newer version of the same key arrives; the
+catalog derives it the same way from the newer row, so catching up never re-reads old rows.
+With `dim`, each row also holds a vector (the embedder's contiguous matrix, aligned with the rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from memgate.contracts.internal import CatalogRows, RecallFilters
+
+NEVER = np.iinfo(np.int64).max  # superseded_at of a version that is still current
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(instant: datetime) -> int:
+    """Microseconds since the epoch (aware instants; naive ones are read as UTC)."""
+    aware = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+    delta = aware - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+@dataclass
+class _Columns:
+    seq: np.ndarray
+    created: np.ndarray
+    superseded: np.ndarray
+    namespace: np.ndarray
+    collection: np.ndarray
+    hold: np.ndarray
+    embedded: np.ndarray
+    vectors: np.ndarray | None
+
+    @classmethod
+    def empty(cls, capacity: int, dim: int | None) -> _Columns:
+        return cls(seq=np.zeros(capacity, np.int64), created=np.zeros(capacity, np.int64),
+                   superseded=np.full(capacity, NEVER, np.int64),
+                   namespace=np.zeros(capacity, np.int32), collection=np.zeros(capacity, np.int32),
+                   hold=np.zeros(capacity, bool), embedded=np.zeros(capacity, bool),
+                   vectors=None if dim is None else np.zeros((capacity, dim), np.float32))
+
+    def names(self) -> list[str]:
+        return ["seq", "created", "superseded", "namespace", "collection", "hold", "embedded"]
+
+
+class Catalog:
+    """An owner's versions (live in storage as far as this catalog knows), as numpy columns."""
+
+    def __init__(self, *, dim: int | None = None) -> None:
+        self.seq = 0  # the owner's highest seq applied: the catalog holds every version up to it
+        self.loaded = False  # set once the first load from storage has been applied
+        self._dim = dim
+        self._ids: list[str] = []
+        self._row: dict[str, int] = {}
+        self._live_keys: dict[tuple[str, str], str] = {}  # (namespace, key) → current version
+        self._keys: dict[str, tuple[str, str]] = {}  # memory id → its (namespace, key)
+        self._codes: dict[str | None, int] = {None: 0}  # namespace and collection names → codes
+        self._n = 0
+        self._c = _Columns.empty(64, dim)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, memory_id: str) -> bool:
+        return memory_id in self._row
+
+    @property
+    def ids(self) -> list[str]:
+        return self._ids
+
+    def _code(self, name: str | None) -> int:
+        return self._codes.setdefault(name, len(self._codes))
+
+    def _grow(self, needed: int) -> None:
+        capacity = len(self._c.seq)
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity *= 2
+        bigger = _Columns.empty(capacity, self._dim)
+        for name in self._c.names():
+            getattr(bigger, name)[: self._n] = getattr(self._c, name)[: self._n]
+        if self._c.vectors is not None and bigger.vectors is not None:
+            bigger.vectors[: self._n] = self._c.vectors[: self._n]
+        self._c = bigger
+
+    def apply(self, rows: CatalogRows) -> list[str]:
+        """Add the versions storage reported (oldest first; already known ones are updated);
+        the ids that were new."""
+        self._grow(self._n + len(rows.memory_ids))
+        c = self._c
+        added = []
+        for i, memory_id in enumerate(rows.memory_ids):
+            created = micros(rows.created_at[i])
+            superseded = rows.superseded_at[i]
+            row = self._row.get(memory_id)
+            if row is None:
+                row = self._row[memory_id] = self._n
+                self._ids.append(memory_id)
+                self._n += 1
+                added.append(memory_id)
+            c.seq[row] = rows.seqs[i]
+            c.created[row] = created
+            c.superseded[row] = NEVER if superseded is None else micros(superseded)
+            c.namespace[row] = self._code(rows.namespaces[i])
+            c.collection[row] = self._code(rows.collection_ids[i])
+            c.hold[row] = rows.legal_hold[i]
+            key = rows.keys[i]
+            if key is not None:
+                self._supersede((rows.namespaces[i], key), memory_id, created, superseded is None)
+        self.seq = max(self.seq, rows.high_seq)
+        return added
+
+    def _supersede(self, key: tuple[str, str], memory_id: str, created: int, live: bool) -> None:
+        """As storage does: a new version of a key ends the current one at its creation."""
+        self._keys[memory_id] = key
+        if not live:
+            return
+        previous = self._live_keys.get(key)
+        if previous is not None and previous != memory_id and previous in self._row:
+            row = self._row[previous]
+            if self._c.created[row] < created:
+                self._c.superseded[row] = min(int(self._c.superseded[row]), created)
+            else:  # the known one is the newer: this one is already over
+                self._c.superseded[self._row[memory_id]] = self._c.created[row]
+                return
+        self._live_keys[key] = memory_id
+
+    def remove(self, memory_ids: list[str]) -> None:
+        """Drop deleted versions (the rows are compacted; vectors stay aligned)."""
+        gone = [self._row[i] for i in memory_ids if i in self._row]
+        if not gone:
+            return
+        keep = np.ones(self._n, bool)
+        keep[gone] = False
+        fresh = _Columns.empty(max(64, len(self._c.seq)), self._dim)
+        kept = int(keep.sum())
+        for name in self._c.names():
+            getattr(fresh, name)[:kept] = getattr(self._c, name)[: self._n][keep]
+        if self._c.vectors is not None and fresh.vectors is not None:
+            fresh.vectors[:kept] = self._c.vectors[: self._n][keep]
+        self._c, self._n = fresh, kept
+        self._ids = [i for i, k in zip(self._ids, keep, strict=True) if k]
+        self._row = {memory_id: row for row, memory_id in enumerate(self._ids)}
+        for memory_id in memory_ids:
+            key = self._keys.pop(memory_id, None)
+            if key is not None and self._live_keys.get(key) == memory_id:
+                del self._live_keys[key]
+
+    def allowed(self, filters: RecallFilters, exclude: Collection[str] = ()) -> np.ndarray:
+        """A boolean mask over the rows: the versions the filters let recall rank."""
+        n, c = self._n, self._c
+        instant = micros(filters.as_of or datetime.now(UTC))
+        mask = ~c.hold[:n] & (c.created[:n] <= instant) & (c.superseded[:n] > instant)
+        if filters.namespace is not None:
+            mask &= c.namespace[:n] == self._codes.get(filters.namespace, -1)
+        if filters.collection_id is not None:
+            mask &= c.collection[:n] == self._codes.get(filters.collection_id, -1)
+        if filters.collection_ids is not None:
+            codes = [self._codes[i] for i in filters.collection_ids if i in self._codes]
+            mask &= np.isin(c.collection[:n], np.asarray(codes, np.int32))
+        for memory_id in exclude:
+            row = self._row.get(memory_id)
+            if row is not None:
+                mask[row] = False
+        if filters.window is not None and int(mask.sum()) > filters.window:
+            rows = np.flatnonzero(mask)
+            newest = rows[np.argsort(c.seq[rows])[-filters.window:]]
+            mask = np.zeros(n, bool)
+            mask[newest] = True
+        return mask
+
+    # --- vectors (a catalog made with `dim`) ---
+
+    def unembedded(self) -> list[str]:
+        """The versions that have no vector yet."""
+        return [self._ids[row] for row in np.flatnonzero(~self._c.embedded[: self._n])]
+
+    def set_vectors(self, memory_ids: list[str], matrix: np.ndarray) -> None:
+        assert self._c.vectors is not None, "a catalog without vectors"
+        for memory_id, vector in zip(memory_ids, matrix, strict=True):
+            row = self._row.get(memory_id)
+            if row is not None:
+                self._c.vectors[row] = vector
+                self._c.embedded[row] = True
+
+    def nearest(self, query: np.ndarray, mask: np.ndarray, depth: int) -> list[str]:
+        """The `depth` allowed rows with vectors most similar to `query` (normalised), best
+        first: one matrix-vector product over the owner's rows."""
+        assert self._c.vectors is not None, "a catalog without vectors"
+        n = self._n
+        eligible = mask & self._c.embedded[:n]
+        count = int(eligible.sum())
+        if count == 0 or depth <= 0:
+            return []
+        scores = self._c.vectors[:n] @ query
+        scores[~eligible] = -np.inf
+        k = min(depth, count)
+        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [self._ids[row] for row in top if eligible[row]]

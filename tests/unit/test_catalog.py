@@ -1,0 +1,97 @@
+"""The per-owner catalog on its own: a recall's filters as a mask, supersession derived from keys
+as storage does it, deletions, and cosine over the owner's matrix."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from memgate.contracts.internal import CatalogRows, Owner, RecallFilters
+from memgate.storage.catalog import Catalog
+
+pytestmark = pytest.mark.unit
+
+OWNER = Owner(tenant="ws", subject_id="member")
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def rows(*specs: tuple[str, int, str, str | None, str | None], high: int | None = None,
+         superseded: dict[str, datetime] | None = None) -> CatalogRows:
+    """(id, seq, namespace, key, collection) per version, created `seq` minutes after START."""
+    return CatalogRows(
+        high_seq=high if high is not None else max(s[1] for s in specs),
+        memory_ids=[s[0] for s in specs], seqs=[s[1] for s in specs],
+        namespaces=[s[2] for s in specs], keys=[s[3] for s in specs],
+        collection_ids=[s[4] for s in specs],
+        created_at=[START + timedelta(minutes=s[1]) for s in specs],
+        superseded_at=[(superseded or {}).get(s[0]) for s in specs],
+        legal_hold=[False] * len(specs))
+
+
+def allowed(catalog: Catalog, **filters: object) -> set[str]:
+    mask = catalog.allowed(RecallFilters(owner=OWNER, **filters))  # type: ignore[arg-type]
+    return {catalog.ids[row] for row in np.flatnonzero(mask)}
+
+
+def test_filters_become_a_mask_over_the_versions() -> None:
+    catalog = Catalog()
+    catalog.apply(rows(("a", 1, "prefs", None, None), ("b", 2, "team", None, "c1"),
+                       ("c", 3, "team", None, "c2")))
+    assert allowed(catalog) == {"a", "b", "c"}
+    assert allowed(catalog, namespace="team") == {"b", "c"}
+    assert allowed(catalog, namespace="nowhere") == set()
+    assert allowed(catalog, collection_id="c1") == {"b"}
+    assert allowed(catalog, collection_ids=["c2", "unknown"]) == {"c"}
+    assert allowed(catalog, as_of=START + timedelta(minutes=2)) == {"a", "b"}
+    assert allowed(catalog, window=2) == {"b", "c"}  # the newest two
+
+
+def test_a_new_version_of_a_key_supersedes_the_current_one_at_its_creation() -> None:
+    catalog = Catalog()
+    catalog.apply(rows(("v1", 1, "prefs", "deploy", None)))
+    catalog.apply(rows(("v2", 5, "prefs", "deploy", None), ("other", 6, "team", "deploy", None)))
+    assert catalog.seq == 6
+    assert allowed(catalog) == {"v2", "other"}
+    assert allowed(catalog, as_of=START + timedelta(minutes=4)) == {"v1"}
+
+
+def test_versions_storage_reports_superseded_stay_superseded() -> None:
+    catalog = Catalog()
+    catalog.apply(rows(("v1", 1, "n", "k", None), ("v2", 2, "n", "k", None),
+                       superseded={"v1": START + timedelta(minutes=2)}))
+    assert allowed(catalog) == {"v2"}
+
+
+def test_removed_versions_leave_and_vectors_stay_aligned() -> None:
+    catalog = Catalog(dim=2)
+    catalog.apply(rows(("a", 1, "n", None, None), ("b", 2, "n", None, None),
+                       ("c", 3, "n", None, None)))
+    catalog.set_vectors(["a", "b", "c"], np.array([[1, 0], [0, 1], [0.6, 0.8]], np.float32))
+    catalog.remove(["a", "unknown"])
+    assert catalog.ids == ["b", "c"] and "a" not in catalog
+    mask = catalog.allowed(RecallFilters(owner=OWNER))
+    assert catalog.nearest(np.array([1, 0], np.float32), mask, depth=10) == ["c", "b"]
+    assert catalog.nearest(np.array([1, 0], np.float32), mask, depth=1) == ["c"]
+
+
+def test_only_embedded_and_allowed_rows_are_nearest() -> None:
+    catalog = Catalog(dim=2)
+    catalog.apply(rows(("a", 1, "n", None, None), ("b", 2, "n", None, None),
+                       ("c", 3, "other", None, None)))
+    catalog.set_vectors(["a", "c"], np.array([[1, 0], [1, 0]], np.float32))
+    assert catalog.unembedded() == ["b"]
+    mask = catalog.allowed(RecallFilters(owner=OWNER, namespace="n"))
+    assert catalog.nearest(np.array([0, 1], np.float32), mask, depth=10) == ["a"]
+
+
+def test_many_versions_grow_the_columns() -> None:
+    catalog = Catalog(dim=4)
+    catalog.apply(rows(*[(f"m{i}", i, "n", None, None) for i in range(1, 301)]))
+    catalog.set_vectors([f"m{i}" for i in range(1, 301)], np.eye(4, dtype=np.float32)[
+        [i % 4 for i in range(1, 301)]])
+    assert len(catalog) == 300 and catalog.unembedded() == []
+    mask = catalog.allowed(RecallFilters(owner=OWNER, window=8))
+    nearest = catalog.nearest(np.eye(4, dtype=np.float32)[1], mask, depth=5)
+    assert len(nearest) == 5 and set(nearest[:2]) == {"m293", "m297"}
