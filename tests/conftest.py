@@ -52,9 +52,9 @@ class Memgate:
         """An agent's NATS credential, issued through the admin API."""
         return await self.ok("POST", "/api/admin/nats-agents", ADMIN_TOKEN, {"name": "agent"})
 
-    async def internal(self) -> Any:
-        """A connection as the internal user (what actors use); closed with the fixture."""
-        nc = await nats.connect(self.bus.url, **self.bus.options)
+    async def internal(self, kind: str) -> Any:
+        """A connection with the login of one kind of actor; closed with the fixture."""
+        nc = await nats.connect(self.bus.url, **self.bus.login(kind))
         self.stack.push_async_callback(close_nats, nc)
         return nc
 

@@ -164,7 +164,7 @@ async def test_a_malformed_and_a_newer_version_event_are_dead_lettered_while_ind
         memgate: Memgate) -> None:
     owner = await memgate.workspace()
     agent = await memgate.agent("rest", await memgate.credential(owner))
-    nc = await memgate.internal()
+    nc = await memgate.internal("storage")
     try:
         js = nc.jetstream()
         marker = "personal-detail-9f3"
@@ -280,7 +280,7 @@ async def test_a_registry_event_committed_before_a_nats_server_restart_still_cas
             return [m.text for m in (await agent.list()).memories] == ["cites nothing"]
 
         await eventually(cascaded)
-        nc = await memgate.internal()
+        nc = await memgate.internal("storage")
         try:
             last = await nc.jetstream().get_last_msg(EVENTS.name,
                                                       subjects.registry_event("doc_deleted"))

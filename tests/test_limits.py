@@ -19,7 +19,8 @@ async def second_governance_process(memgate: Memgate, tmp_path: Path) -> asyncio
     """`memgate actors --only governance`, joined to the test's NATS as a separate process."""
     env = {
         **os.environ,
-        "MEMGATE_NATS_PASSWORD": memgate.bus.options["password"],
+        "MEMGATE_NATS_USER": memgate.bus.login("governance")["user"],
+        "MEMGATE_NATS_PASSWORD": memgate.bus.login("governance")["password"],
         "MEMGATE_DATA_DIR": str(tmp_path / "second"),
     }
     process = await asyncio.create_subprocess_exec(

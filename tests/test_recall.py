@@ -154,9 +154,11 @@ async def test_forget_removes_the_words_from_the_index_files(
 async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         memgate = await run_memgate(tmp_path, stack, skip=frozenset({"indexer.p0"}))
-        nc = await memgate.internal()
+        nc = await memgate.internal("governance")
         stack.push_async_callback(nc.close)
         bus = BusClient(nc)
+        indexer_bus = BusClient(await memgate.internal("indexer"))
+        indexer_login = memgate.bus.login("indexer")
         owner = Owner(tenant="ws_restart", subject_id="mb_restart")
 
         async def remember(text: str) -> str:
@@ -179,11 +181,11 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
                     memgate.nats_url,
                     logger=None,
                     security=SASLPlaintext(
-                        username=memgate.bus.options["user"],
-                        password=memgate.bus.options["password"],
+                        username=indexer_login["user"],
+                        password=indexer_login["password"],
                     ),
                 )
-                indexer = IndexerActor(partition="p0", root=root, bus=bus)
+                indexer = IndexerActor(partition="p0", root=root, bus=indexer_bus)
                 await indexer.start()
                 run.push_async_callback(indexer.stop)
                 broker.include_router(indexer.router())
@@ -203,7 +205,7 @@ async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -
         memgate = await run_memgate(
             tmp_path, stack, skip=frozenset({"embedder.p0"}), recall_cosine_deadline_ms=300
         )
-        nc = await memgate.internal()
+        nc = await memgate.internal("embedder")
         stack.push_async_callback(nc.close)
 
         async def slow_embedder(msg: Msg) -> None:
@@ -222,3 +224,4 @@ async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -
         assert result.memories[0].ranks.cosine is None
         assert 0.3 <= elapsed < 1.5, elapsed
         await agent.close()
+

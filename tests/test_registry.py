@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from nats.js.api import DeliverPolicy
 
 from memgate.contracts.errors import (
     ContextSetScopeRefusedError,
@@ -232,8 +233,9 @@ async def test_only_owner_or_operator_change_the_registry_and_unknown_sets_are_r
 async def test_registry_changes_are_announced_as_events(memgate: Memgate) -> None:
     owner = await memgate.workspace()
     handbook = await collection(memgate, owner)
-    nc = await memgate.internal()
-    events = await nc.subscribe("mem.evt.registry.>")
+    nc = await memgate.internal("storage")  # the registry's consumer reads its events
+    events = await nc.jetstream().subscribe("mem.evt.registry.>",
+                                            deliver_policy=DeliverPolicy.NEW)
     await put_document(memgate, owner, "doc1", handbook)
     await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/documents/doc1", owner.token)
     upserted, deleted = await events.next_msg(timeout=5), await events.next_msg(timeout=5)

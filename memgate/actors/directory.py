@@ -14,10 +14,12 @@ from pathlib import Path
 from memgate.runtime.actor import Serial, partition_of, ready_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Requester
-from memgate.bus.server import PUBLIC_COMMANDS, new_agent_seed
+from memgate.bus.logins import PUBLIC_COMMANDS
+from memgate.bus.server import new_agent_seed
 from memgate.contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
-    DeleteOwnMemories, Done, Envelope, ForgetResult, ListRequest, ListResult, MemberToken, MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
+    DeleteOwnMemories, Done, Envelope, ForgetResult, ListRequest, ListResult, MemberToken,
+    MemberView, NatsAgentCreated, NatsAgentKey, NatsAgents,
     PatchMember, Principal, Role, Scope, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
 from memgate.contracts.errors import (
@@ -50,8 +52,11 @@ class DirectoryActor:
     name = "directory"
 
     def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: Requester,
-                 partitions: int = 1) -> None:
+                 partitions: int = 1, nats_authority: bool = False) -> None:
+        """`nats_authority`: memgate runs the NATS server, and a NATS login counts as issued or
+        revoked only once the nats-authority has applied it."""
         self._path = path
+        self._nats_authority = nats_authority
         self._partitions = partitions
         self._bus = bus
         self._admin_token = admin_token  # read at start: only the directory needs it
@@ -267,12 +272,14 @@ class DirectoryActor:
         return NatsAgents(agents=[NatsAgentKey(public_key=k, inbox_prefix=p) for k, p in keys])
 
     async def _apply_nats_agents(self) -> None:
-        """Have the embedded server reload its users; answered once applied. Joined to an
-        external NATS (no one answers), the operator manages that server's users instead."""
+        """Have the embedded server reload its users; answered once applied (else
+        `UnavailableError`). Joined to an external NATS without a nats-authority, the operator
+        manages that server's users instead."""
         try:
             await self._bus.request(subjects.NATS_RELOAD, await self.nats_agents(b""), Done)
         except UnavailableError:
-            return
+            if self._nats_authority:
+                raise
 
     async def create_nats_agent(self, envelope: Envelope) -> NatsAgentCreated:
         self._operator(envelope.token)
@@ -280,7 +287,13 @@ class DirectoryActor:
         seed, public_key = new_agent_seed()
         agent_id, inbox_prefix = await self._serial(self.store.add_nats_agent, body.name,
                                                     public_key)
-        await self._apply_nats_agents()
+        try:
+            await self._apply_nats_agents()
+        except UnavailableError:
+            # never issued: the server may not know it; a later reload drops it if it does
+            await self._serial(self.store.revoke_nats_agent, agent_id)
+            raise UnavailableError("the NATS server did not apply the new login; none was "
+                                   "issued, try again") from None
         return NatsAgentCreated(agent_id=agent_id, seed=seed, inbox_prefix=inbox_prefix,
                                 publish=list(PUBLIC_COMMANDS))
 
@@ -288,7 +301,12 @@ class DirectoryActor:
         self._operator(envelope.token)
         if not await self._serial(self.store.revoke_nats_agent, envelope.params.get("agentId", "")):
             raise NotFoundError("no such NATS agent")
-        await self._apply_nats_agents()
+        try:
+            await self._apply_nats_agents()
+        except UnavailableError:
+            raise UnavailableError(
+                "revoked, but the NATS server has not applied it yet; the next NATS login "
+                "change or restart of memgate applies it") from None
         return Done()
 
     # --- what a member sees and deletes of their own memories; the owner's blind purge (§2.3).
@@ -304,7 +322,8 @@ class DirectoryActor:
                            namespace=request.namespace, key=request.key,
                            collection_id=request.collection_id, as_of=request.as_of,
                            limit=request.limit, cursor=request.cursor)
-        return await self._bus.request(self._storage(member.workspace_id, "list"), query, ListResult)
+        return await self._bus.request(self._storage(member.workspace_id, "list"), query,
+                                       ListResult)
 
     async def delete_own_memories(self, envelope: Envelope) -> ForgetResult:
         member = await self._serial(self._member, envelope)

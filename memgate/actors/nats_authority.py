@@ -7,10 +7,11 @@ every change of agent NATS credentials, and it answers once the server has appli
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from memgate.runtime.actor import ready_route
 from memgate.bus import BusClient, EmbeddedNats, NatsRouter, parse, replying, subjects
-from memgate.bus.server import AgentKey, render_config
+from memgate.bus.server import AgentKey, Login, server_config
 from memgate.contracts import Done, NatsAgents
 from memgate.contracts.errors import UnavailableError
 
@@ -18,11 +19,10 @@ from memgate.contracts.errors import UnavailableError
 class NatsAuthorityActor:
     name = "nats-authority"
 
-    def __init__(self, *, server: EmbeddedNats, bus: BusClient, user: str, password: str) -> None:
+    def __init__(self, *, server: EmbeddedNats, bus: BusClient, logins: Sequence[Login]) -> None:
         self._server = server
         self._bus = bus
-        self._user = user
-        self._password = password
+        self._logins = tuple(logins)  # the internal users, kept in every configuration
 
     async def start(self) -> None:
         return None
@@ -38,7 +38,7 @@ class NatsAuthorityActor:
 
     async def apply(self, agents: NatsAgents) -> None:
         keys = [AgentKey(a.public_key, a.inbox_prefix) for a in agents.agents]
-        await self._server.reload(render_config(self._user, self._password, keys))
+        await self._server.reload(server_config(self._logins, keys))
 
     async def reload(self, payload: bytes) -> Done:
         await self.apply(parse(NatsAgents, payload))

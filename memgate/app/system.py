@@ -1,15 +1,20 @@
-"""Assembling a memgate process: every actor on one broker, started and stopped in order."""
+"""Assembling a memgate process: every actor started and stopped in order, each kind of actor
+on a NATS login of its own (`bus.logins`)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 from faststream.nats import NatsBroker
+from nats.aio.client import Client as NatsClient
 from faststream.security import SASLPlaintext
 
 from memgate.actors.directory import DirectoryActor
@@ -22,7 +27,8 @@ from memgate.actors.registry import RegistryActor
 from memgate.actors.storage import StorageActor
 from memgate.app.settings import Settings
 from memgate.bus import BusClient, EmbeddedNats, subjects
-from memgate.bus.server import render_config
+from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
+from memgate.bus.server import Login, server_config
 from memgate.bus.streams import EventPublisher
 from memgate.runtime.actor import Actor
 from memgate.storage import Limits
@@ -43,15 +49,21 @@ def admin_token(settings: Settings) -> str:
     return path.read_text().strip()
 
 
-def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) -> list[Actor]:
+def build_actors(settings: Settings, kinds: KindConnections, *,
+                 nats_authority: bool = False) -> list[Actor]:
+    """Every actor; each talks to the bus over its kind's connection (`kinds`).
+    `nats_authority`: this process runs the embedded server and its nats-authority."""
     data = settings.data_dir
+    bus, publisher = kinds.client, kinds.publisher
     actors: list[Actor] = [
         DirectoryActor(path=data / "directory.duckdb",
-                       admin_token=lambda: admin_token(settings), bus=bus,
-                       partitions=settings.partitions),
-        GovernanceActor.on_bus(bus, partitions=settings.partitions),
-        RegistryActor(path=data / "registry.duckdb", bus=bus, publisher=publisher),
-        RecallActor.on_bus(bus, partitions=settings.partitions, window=settings.recall_window,
+                       admin_token=lambda: admin_token(settings), bus=bus("directory"),
+                       partitions=settings.partitions, nats_authority=nats_authority),
+        GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
+        RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
+                      publisher=publisher("registry")),
+        RecallActor.on_bus(bus("recall"), partitions=settings.partitions,
+                           window=settings.recall_window,
                            rrf_k=settings.recall_rrf_k,
                            cosine_deadline_ms=settings.recall_cosine_deadline_ms,
                            bm25_deadline_ms=settings.recall_bm25_deadline_ms,
@@ -61,14 +73,15 @@ def build_actors(settings: Settings, bus: BusClient, publisher: EventPublisher) 
     for partition in settings.partition_names():
         root = data / "partitions" / partition
         actors += [
-            StorageActor(partition=partition, path=root / "memories.duckdb", publisher=publisher,
-                         bus=bus, partitions=settings.partitions,
+            StorageActor(partition=partition, path=root / "memories.duckdb",
+                         publisher=publisher("storage"), bus=bus("storage"),
+                         partitions=settings.partitions,
                          limits=Limits(settings.limit_remembers_per_hour,
                                        settings.limit_versions_per_member)),
-            IndexerActor(partition=partition, root=root / "text-index", bus=bus),
+            IndexerActor(partition=partition, root=root / "text-index", bus=bus("indexer")),
             EmbedderActor(partition=partition, path=root / "vectors.duckdb",
                           model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
-                          bus=bus, batch=settings.embedding_batch),
+                          bus=bus("embedder"), batch=settings.embedding_batch),
         ]
     return actors
 
@@ -83,13 +96,21 @@ def actor_names(settings: Settings) -> list[str]:
 
 @dataclass(frozen=True)
 class Bus:
-    """Where the actors' NATS is, and how internal clients (actors, adapters) log in to it."""
+    """Where the actors' NATS is, and how each kind of internal client logs in to it."""
 
     url: str
-    options: dict[str, Any]
+    logins: Mapping[str, dict[str, Any]]  # kind → nats.connect options (user, password, ...)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """How the REST and MCP adapters log in."""
+        return self.login(ADAPTER)
+
+    def login(self, kind: str) -> dict[str, Any]:
+        return dict(self.logins[kind])
 
 
-def _internal_password(settings: Settings) -> str:
+def _internal_secret(settings: Settings) -> str:
     if settings.nats_password is not None:
         return settings.nats_password.get_secret_value()
     path = settings.data_dir / "nats" / "internal.secret"
@@ -100,53 +121,125 @@ def _internal_password(settings: Settings) -> str:
     return path.read_text().strip()
 
 
+def internal_logins(settings: Settings) -> dict[str, Login]:
+    """The embedded server's internal users: `<nats_user>-<kind>`, each password derived from
+    the one kept secret, each with only its kind's permissions (`bus.logins.ROLES`)."""
+    secret = _internal_secret(settings).encode()
+
+    def password(kind: str) -> str:
+        digest = hmac.new(secret, kind.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    return {kind: Login(f"{settings.nats_user}-{kind}", password(kind),
+                        role.permissions(inbox_prefix(kind)))
+            for kind, role in ROLES.items()}
+
+
+class KindConnections:
+    """One NATS connection per kind of actor, logged in as that kind; opened only for the kinds
+    this process runs (`connect`), so `memgate actors --only governance` opens one."""
+
+    def __init__(self, bus: Bus, *, timeout: float) -> None:
+        self._bus = bus
+        self._timeout = timeout
+        self._connections: dict[str, NatsClient] = {}
+
+    def _nc(self, kind: str) -> NatsClient:
+        return self._connections.setdefault(kind, NatsClient())
+
+    def client(self, kind: str) -> BusClient:
+        return BusClient(self._nc(kind), timeout=self._timeout)
+
+    def publisher(self, kind: str) -> EventPublisher:
+        return EventPublisher(self._nc(kind))
+
+    async def connect(self, kind: str, stack: AsyncExitStack) -> None:
+        nc = self._nc(kind)
+        if nc.is_connected:
+            return
+        await nc.connect(self._bus.url, name=f"memgate-{kind}", error_cb=_nats_error(kind),
+                         **self._bus.login(kind))
+        stack.push_async_callback(nc.drain)
+
+    def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
+        """A faststream broker for the subjects `kind` serves, on that kind's login."""
+        login = self._bus.login(kind)
+        security = (SASLPlaintext(username=login["user"], password=login["password"])
+                    if "user" in login else None)
+        return NatsBroker(self._bus.url, logger=None, graceful_timeout=graceful_timeout,
+                          security=security, name=f"memgate-{kind}-routes",
+                          error_cb=_nats_error(kind))
+
+
+def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:
+    """Log what the server refuses a login (a permissions violation names a subject only)."""
+
+    async def error(exc: Exception) -> None:
+        log.error("NATS (%s login): %s", kind, exc)
+
+    return error
+
+
 async def start_system(settings: Settings, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(),
                        only: frozenset[str] | None = None) -> Bus:
-    """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor."""
+    """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor.
+
+    Joined to an external NATS, every kind uses the one login given (`MEMGATE_NATS_USER`,
+    `MEMGATE_NATS_PASSWORD`); the operator grants it what the actors of this process need,
+    replies on `_INBOX_MG_<kind>.>` included. That is also how a process joins the embedded
+    server of another: with the login of the one kind it runs."""
     if settings.nats_url is not None:
         options: dict[str, Any] = {}
         if settings.nats_password is not None:
             options = {"user": settings.nats_user,
                        "password": settings.nats_password.get_secret_value()}
-        bus = Bus(settings.nats_url, options)
+        bus = Bus(settings.nats_url, {kind: {**options, "inbox_prefix": inbox_prefix(kind)}
+                                      for kind in ROLES})
         await start_actors(settings, bus, stack, skip=skip, only=only)
         return bus
-    password = _internal_password(settings)
+    logins = internal_logins(settings)
     server = await stack.enter_async_context(EmbeddedNats(
         settings.data_dir / "nats", port=settings.nats_port,
-        config=render_config(settings.nats_user, password, [])))
-    bus = Bus(server.url, {"user": settings.nats_user, "password": password})
-    await start_actors(settings, bus, stack, skip=skip, server=server)
+        config=server_config(list(logins.values()), [])))
+    bus = Bus(server.url, {kind: {"user": login.user, "password": login.password,
+                                  "inbox_prefix": inbox_prefix(kind)}
+                           for kind, login in logins.items()})
+    await start_actors(settings, bus, stack, skip=skip, server=server,
+                       logins=list(logins.values()))
     return bus
 
 
 async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
-                       server: EmbeddedNats | None = None) -> None:
-    """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them."""
-    nc = await nats.connect(bus.url, name="memgate-actors", **bus.options)
-    stack.push_async_callback(nc.drain)
-    client = BusClient(nc, timeout=settings.request_timeout_s)
-    security = (SASLPlaintext(username=bus.options["user"], password=bus.options["password"])
-                if "user" in bus.options else None)
-    broker = NatsBroker(bus.url, logger=None, graceful_timeout=settings.request_timeout_s,
-                        security=security)
-    actors = build_actors(settings, client, EventPublisher(nc))
+                       server: EmbeddedNats | None = None,
+                       logins: list[Login] | None = None) -> None:
+    """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them.
+
+    With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
+    agents the directory knows."""
+    kinds = KindConnections(bus, timeout=settings.request_timeout_s)
+    actors = build_actors(settings, kinds, nats_authority=server is not None)
     authority = None
     if server is not None:
-        authority = NatsAuthorityActor(server=server, bus=client, user=settings.nats_user,
-                                       password=bus.options["password"])
+        authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),
+                                       logins=logins or [])
         actors.append(authority)
+    brokers: dict[str, NatsBroker] = {}
     for actor in actors:
         if actor.name in skip or (only is not None and actor.name not in only):
             continue
+        kind = kind_of(actor.name)
+        await kinds.connect(kind, stack)
         await actor.start()
         stack.push_async_callback(actor.stop)
-        broker.include_router(actor.router())
-    await broker.start()
-    stack.push_async_callback(broker.stop)
-    await broker.connection.flush()  # every subscription is known to the server from here on
-    if authority is not None and "directory" not in skip and only is None:
+        if kind not in brokers:
+            brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
+        brokers[kind].include_router(actor.router())
+    for broker in brokers.values():
+        await broker.start()
+        stack.push_async_callback(broker.stop)
+        await broker.connection.flush()  # its subscriptions are known to the server from here on
+    if authority is not None and {"directory", authority.name}.isdisjoint(skip) and only is None:
         await authority.sync()
     log.info("actors started on %s", bus.url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,6 +19,25 @@ T = TypeVar("T", bound=Contract)
 C = TypeVar("C", bound=Contract)
 Handler = Callable[[bytes], Awaitable[Contract]]
 NatsHandler = Callable[[NatsMessage], Awaitable[bytes]]
+
+
+def traceback_summary(exc: BaseException) -> str:
+    """Where `exc` (and what caused it) was raised: types, files, lines and functions only.
+
+    Exception messages and local values are left out: they may carry memory text, tokens or
+    personal data, which must never reach a log."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = traceback.extract_tb(current.__traceback__)
+        parts.append(f"{type(current).__module__}.{type(current).__qualname__}")
+        parts += [f'  File "{f.filename}", line {f.lineno}, in {f.name}' for f in frames]
+        current = current.__cause__ or current.__context__
+        if current is not None:
+            parts.append("raised while handling:")
+    return "\n".join(parts)
 
 
 def validation_failure(exc: ValidationError) -> ValidationFailedError:
@@ -50,8 +70,8 @@ async def reply_to(handler: Handler, payload: bytes, subject: str) -> bytes:
         return Failure.of(exc).to_json()
     except ValidationError as exc:
         return Failure.of(validation_failure(exc)).to_json()
-    except Exception as exc:  # an unexpected bug: log its type only, never its message (content)
-        log.error("handler on %s failed: %s", subject, type(exc).__name__)
+    except Exception as exc:  # an unexpected bug: where it came from, never its message (content)
+        log.error("handler on %s failed: %s", subject, traceback_summary(exc))
         return Failure.of(InternalError("internal error")).to_json()
 
 

