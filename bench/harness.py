@@ -17,7 +17,10 @@ from pathlib import Path
 import httpx
 import nats
 
+from memgate.app.settings import Settings
+from memgate.app.system import internal_logins
 from memgate.bus import MemgateClient
+from memgate.bus.logins import inbox_prefix
 
 ADMIN = "bench-operator-token"
 
@@ -36,10 +39,12 @@ class Running:
     data_dir: Path
     pid: int | None = None  # of the `memgate up` process (its children are memgate too)
 
-    def internal_login(self) -> dict[str, str]:
-        """The internal user's login (the benchmark runs on the same machine as memgate)."""
-        password = (self.data_dir / "nats" / "internal.secret").read_text().strip()
-        return {"user": "memgate", "password": password}
+    def internal_login(self, kind: str = "storage") -> dict[str, str]:
+        """The login of one kind of actor (the benchmark runs on the same machine as memgate);
+        `storage` may read the events stream's consumers."""
+        login = internal_logins(Settings(data_dir=self.data_dir))[kind]
+        return {"user": login.user, "password": login.password,
+                "inbox_prefix": inbox_prefix(kind)}
 
     async def agent(self, token: str) -> MemgateClient:
         """An agent on the bus, with a NATS login of its own."""

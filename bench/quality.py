@@ -39,11 +39,13 @@ def hit(ranked: list[str], relevant: set[str], k: int) -> bool:
 async def evaluate(labelled: dict) -> dict[str, dict[str, list[bool]]]:  # type: ignore[type-arg]
     async with memgate_up() as running:
         token = await agent_token(running)
-        nc = await nats.connect(running.nats_url, **running.internal_login())
-        bus = BusClient(nc)
-        principal = await bus.request(
+        directory_nc = await nats.connect(running.nats_url, **running.internal_login("governance"))
+        principal = await BusClient(directory_nc).request(
             "mem.int.dir.principal", PrincipalRequest(token_hash=hash_token(token)), Principal
         )
+        await directory_nc.close()
+        nc = await nats.connect(running.nats_url, **running.internal_login("recall"))
+        bus = BusClient(nc)  # asks the rankers, as the recall actor does
         owner = Owner(tenant=principal.workspace_id, subject_id=principal.member_id)
         results: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
         async with await running.agent(token) as agent:
