@@ -225,3 +225,25 @@ async def test_a_slow_embedder_degrades_recall_at_the_deadline(tmp_path: Path) -
         assert 0.3 <= elapsed < 1.5, elapsed
         await agent.close()
 
+
+async def test_recall_reaches_memories_older_than_the_newest_300(
+    memgate: Memgate, transport: str
+) -> None:
+    owner = await memgate.workspace()
+    agent = await memgate.agent(transport, await memgate.credential(owner))
+    oldest = await agent.remember("notes", "the zebracorn archive lives in the old vault")
+    nc = await memgate.internal("governance")
+    bus = BusClient(nc)
+    member = Owner(tenant=owner.workspace_id, subject_id=owner.member_id)
+    for i in range(320):  # straight to storage: faster than governance, same rows and events
+        command = StoreRemember(owner=member, credential_id=f"cr{i % 8}", namespace="bulk",
+                                text=f"routine status note number {i}", retention_days=90)
+        await bus.request("mem.int.store.p0.remember", command, RememberResult)
+    await nc.close()
+    result = await agent.recall("zebracorn archive")
+    assert result.memories[0].memory_id == oldest.memory_id
+    assert result.memories[0].ranks.bm25 == 1
+    elsewhere = await agent.recall("zebracorn", namespace="bulk")
+    assert oldest.memory_id not in [m.memory_id for m in elsewhere.memories]
+    assert all(m.namespace == "bulk" and m.ranks.bm25 is None for m in elsewhere.memories)
+    await agent.close()

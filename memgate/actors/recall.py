@@ -122,7 +122,7 @@ class RecallActor:
             verdict = await self._registry.verify(query.owner.tenant, query.context_set_id,
                                                   scope.cited, query.query)
             hidden = set(verdict.hidden)
-            if scope.total <= len(hidden):
+            if hidden and scope.total is not None and scope.total <= len(hidden):
                 return RecallResult(memories=[], hidden=len(hidden))
             rank = RankRequest(filters=filters, query=query.query, depth=self._depth,
                                min_seq=scope.high_seq, exclude=sorted(hidden))

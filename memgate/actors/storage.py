@@ -162,16 +162,9 @@ class StorageActor:
         """For recall, before ranking: the owner's newest seq, how many versions the filters
         allow, and the citing ones among them (to verify). Ids and citations, never text."""
         filters = parse(RecallFilters, payload)
-        owner = filters.owner
-
-        def read() -> tuple[int, int, list[tuple[str, str]]]:
-            high = self.store.high_seq(owner.tenant, owner.subject_id)
-            total, cited = self.store.recall_scope(
-                self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
-                window=filters.window)
-            return high, total, cited
-
-        high, total, cited = await self._serial(read)
+        high, total, cited = await self._serial(lambda: self.store.recall_scope(
+            self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
+            window=filters.window))
         return RecallScope(high_seq=high, total=total, cited={
             memory_id: [Citation.model_validate(c) for c in json.loads(citations)]
             for memory_id, citations in cited})

@@ -77,8 +77,8 @@ class RecallScope(Contract):
     """What recall learns from storage before ranking (a small reply, never texts)."""
 
     high_seq: int  # the owner's newest version's seq: channels catch up to it (read-your-writes)
-    total: int  # how many versions the filters allow
-    cited: dict[str, list[Citation]] = Field(default_factory=dict)  # of those, the citing ones
+    cited: dict[str, list[Citation]] = Field(default_factory=dict)  # allowed ones that cite
+    total: int | None = None  # how many versions the filters allow; counted only if some cite
 
 
 class RowsRequest(Contract):

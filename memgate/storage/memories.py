@@ -237,25 +237,31 @@ class MemoryStore:
                              "WHERE tenant = ? AND subject_id = ?", [tenant, subject_id])[0])
 
     def recall_scope(self, filters: Filters, *, as_of: datetime,
-                     window: int | None) -> tuple[int, list[tuple[str, str]]]:
-        """How many versions recall may rank (the newest `window` of them at most), and the
-        ones among those that cite anything: (memory id, citations JSON)."""
+                     window: int | None) -> tuple[int, int | None, list[tuple[str, str]]]:
+        """For recall: the owner's highest seq; the versions among those the filters allow
+        (the newest `window` of them at most) that cite anything, (memory id, citations JSON);
+        and, only when some do (some may be hidden), how many versions the filters allow."""
         where, params = self._where(filters, as_of)
-        total = int(self._one(f"SELECT count(*) FROM memories WHERE {where}", params)[0])
         allowed = f"SELECT memory_id, citations, seq FROM memories WHERE {where}"
+        limited = params
         if window is not None:
-            total = min(total, window)
             allowed += " ORDER BY seq DESC LIMIT ?"
-            params = [*params, window]
+            limited = [*params, window]
         cited = self._db.execute(f"SELECT memory_id, citations FROM ({allowed}) "
-                                 "WHERE citations <> '[]'", params).fetchall()
-        return total, [(r[0], r[1]) for r in cited]
+                                 "WHERE citations <> '[]' ORDER BY seq DESC", limited).fetchall()
+        if not cited:
+            return self.high_seq(filters.tenant, filters.subject_id), None, []
+        high, total = self._one(
+            f"SELECT coalesce(max(seq), 0), count(*) FILTER (WHERE {where}) FROM memories "
+            "WHERE tenant = ? AND subject_id = ?", [*params, filters.tenant, filters.subject_id])
+        total = int(total) if window is None else min(int(total), window)
+        return int(high), total, [(r[0], r[1]) for r in cited]
 
     def rows(self, filters: Filters, *, as_of: datetime, memory_ids: list[str]) -> list[Row]:
         """Those of `memory_ids` that exist and that the filters allow at `as_of`."""
         where, params = self._where(filters, as_of)
         rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM memories WHERE {where} AND list_contains(?, memory_id)",
+            f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = ANY(?)",
             [*params, memory_ids]).fetchall()
         return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), _aware(r[7]),
                     r[8]) for r in rows]

@@ -24,9 +24,6 @@ import tantivy
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
 READY = "READY"
-# Up to this many indexed documents that a recall may not see are skipped after an unrestricted
-# search; more, and the search is restricted to the allowed ids instead.
-UNRESTRICTED_SKIP = 200
 # Words that say nothing about which memory is meant; dropped from queries (not from documents)
 # so that BM25 lists only memories sharing content words with the query.
 STOPWORDS = frozenset("""
@@ -158,31 +155,32 @@ class OwnerIndex:
             parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
         return tantivy.Query.boolean_query(parts)
 
-    def rank(self, query: str, allowed: Collection[str], depth: int | None = None) -> list[str]:
-        """BM25 order of the `allowed` documents that match `query` (best first, `depth` at
-        most; see `_matching`).
+    def rank(self, query: str, allowed: Collection[str] | None = None,
+             depth: int | None = None, *, blocked: Collection[str] = ()) -> list[str]:
+        """BM25 order of the documents that match `query` (best first, `depth` at most; see
+        `_matching`): only the `allowed` ones if given, never the `blocked` ones.
 
-        When few indexed documents are not allowed (superseded versions, other namespaces),
-        the whole index is searched and those are skipped; otherwise the search is restricted
-        to the allowed ids with a zero-scored term-set filter (pure BM25 either way).
+        Allowed ids restrict the search with a zero-scored term-set filter (pure BM25). Without
+        them the whole index is searched and the blocked ids are skipped: cheaper when few
+        documents are blocked (superseded versions, other namespaces).
         """
         matching = self._matching(query)
-        depth = len(allowed) if depth is None else depth
-        if matching is None or not allowed or depth <= 0:
-            return []
+        if allowed is not None and not blocked:
+            depth = len(allowed) if depth is None else depth
+            if matching is None or not allowed or depth <= 0:
+                return []
+            restrict = tantivy.Query.const_score_query(
+                tantivy.Query.term_set_query(SCHEMA, "memory_id", list(allowed)), 0.0)
+            matching = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
+                                                    (tantivy.Occur.Must, restrict)])
+            blocked = ()
         searcher = self._index.searcher()
-        blocked = max(searcher.num_docs - len(allowed), 0)
-        if blocked <= max(depth, UNRESTRICTED_SKIP):
-            allowed_set = allowed if isinstance(allowed, (set, frozenset)) else set(allowed)
-            hits = searcher.search(matching, limit=depth + blocked).hits
-            ranked = (searcher.doc(address)["memory_id"][0] for _, address in hits)
-            return [memory_id for memory_id in ranked if memory_id in allowed_set][:depth]
-        restrict = tantivy.Query.const_score_query(
-            tantivy.Query.term_set_query(SCHEMA, "memory_id", list(allowed)), 0.0)
-        scoped = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
-                                              (tantivy.Occur.Must, restrict)])
-        hits = searcher.search(scoped, limit=depth).hits
-        return [searcher.doc(address)["memory_id"][0] for _, address in hits]
+        depth = searcher.num_docs if depth is None else depth
+        if matching is None or depth <= 0:
+            return []
+        hits = searcher.search(matching, limit=depth + len(blocked)).hits
+        ranked = (searcher.doc(address)["memory_id"][0] for _, address in hits)
+        return [memory_id for memory_id in ranked if memory_id not in blocked][:depth]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
         """The indexed terms of `field` that start with `prefix` (without their frequencies)."""
