@@ -438,7 +438,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-rate", type=float, default=150.0)
     parser.add_argument("--memories", type=int, default=50, help="preloaded per agent")
     parser.add_argument("--runs", type=int, default=1, help="the table shows medians")
-    parser.add_argument("--max-in-flight", type=int, default=256)
+    parser.add_argument("--max-in-flight", type=int, default=128,
+                        help="open loop: shed commands beyond this many unanswered ones")
     parser.add_argument("--probe-every", type=float, default=1.0,
                         help="seconds between ack → embedded samples (0: no probe)")
     parser.add_argument("--workers", type=int, default=None,

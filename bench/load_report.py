@@ -148,7 +148,7 @@ def targets(results: Sequence[Result], embed_ms: float | None, memories: int,
         beyond = best.server_cpu_ms_per_op - embed_ms
         rows.append(("CPU per remember ≤ 4 ms beyond embedding",
                      f"{best.server_cpu_ms_per_op:.1f} ms incl. drain ({best.scenario.transport}, "
-                     f"{best.scenario.agents} agents) − {embed_ms:.1f} ms = {beyond:.1f} ms",
+                     f"{best.scenario.agents} agent(s)) − {embed_ms:.1f} ms = {beyond:.1f} ms",
                      beyond <= 4))
     r = found.get(("bus", "closed", "recall", 1))
     if r and "recall" in r.p50_ms and embed_ms is not None:
