@@ -39,6 +39,7 @@ from memgate.adapters.mcp_fence import (
     render_error, render_forgotten, render_list, render_recall, render_remembered,
 )
 from memgate.bus import BusClient, parse, subjects
+from memgate.bus.replies import traceback_summary
 from memgate.contracts import (
     Contract, ForgetRequest, ForgetResult, ListRequest, ListResult, MemgateError, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
@@ -144,8 +145,8 @@ class MemoryTools:
             return tool_error(exc)
         except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
             return tool_error(PayloadTooLargeError("the call exceeds the bus's payload limit"))
-        except Exception as exc:  # a bug or a broken connection: log its type only, never content
-            log.error("MCP tool %s failed: %s", tool.name, type(exc).__name__)
+        except Exception as exc:  # a bug or a broken connection: where, never its message
+            log.error("MCP tool %s failed: %s", tool.name, traceback_summary(exc))
             return tool_error(InternalError("internal error"))
         return types.CallToolResult(
             content=[types.TextContent(text=tool.render(result))],

@@ -15,6 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
 
 from memgate.bus import subjects
+from memgate.bus.replies import traceback_summary
 from memgate.contracts.events import DeadLetter, UnreadableEventError
 
 if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
@@ -209,6 +210,8 @@ class DurableConsumer:
         if isinstance(exc, UnreadableEventError):
             await self._dead_letter(message, exc.reason)
         elif deliveries >= self._max_deliver:
+            log.error("%s: message %d failed on its last delivery: %s", self._durable,
+                      message.metadata.sequence.stream, traceback_summary(exc))
             await self._dead_letter(message, type(exc).__name__)
         else:  # the type only: an exception's message may quote content
             delay = self._retry_delays[min(deliveries, len(self._retry_delays)) - 1]
