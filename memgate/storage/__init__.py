@@ -1,9 +1,10 @@
 """DuckDB, Tantivy and vector files behind small classes. Only actors import this package."""
 
+from memgate.storage.catalog import Catalog
 from memgate.storage.directory import DirectoryStore, hash_token
 from memgate.storage.memories import (
     Filters, LimitReachedError, Limits, MemoryStore, Row, Stored, decode_cursor, encode_cursor,
 )
 
-__all__ = ["DirectoryStore", "Filters", "LimitReachedError", "Limits", "MemoryStore", "Row",
-           "Stored", "decode_cursor", "encode_cursor", "hash_token"]
+__all__ = ["Catalog", "DirectoryStore", "Filters", "LimitReachedError", "Limits", "MemoryStore",
+           "Row", "Stored", "decode_cursor", "encode_cursor", "hash_token"]
