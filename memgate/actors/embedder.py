@@ -13,7 +13,7 @@ meaning once its vector exists, by its words at once).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,8 @@ from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
+
+CATALOGS_KEPT = 256  # owners whose catalogs (and vector matrices) stay in memory
 
 
 class EmbedderActor:
@@ -46,7 +48,7 @@ class EmbedderActor:
         self._vectors: VectorStore | None = None
         self._embedder: OnnxEmbedder | None = None
         self._batcher: Batcher | None = None
-        self._catalogs: dict[Owner, Catalog] = {}
+        self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=batch)
@@ -95,11 +97,16 @@ class EmbedderActor:
             rows = await self._bus.request(
                 subjects.store(self.partition, "catalog"),
                 CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
-            added = catalog.apply(rows)
-            found, matrix = self.vectors.known(added)
-            if matrix is not None:
-                catalog.set_vectors(found, matrix)
+            catalog.apply(rows)
+            if not catalog.loaded:  # the vectors made by earlier runs
+                found, matrix = await self._store_thread(self.vectors.owner, owner.tenant,
+                                                         owner.subject_id)
+                if matrix is not None:
+                    catalog.set_vectors(found, matrix)
             catalog.loaded = True
+            self._catalogs.move_to_end(owner)
+            while len(self._catalogs) > CATALOGS_KEPT:
+                self._catalogs.popitem(last=False)
             return catalog
 
     async def embed_missing(self, owner: Owner, catalog: Catalog) -> None:

@@ -17,7 +17,7 @@ consumer lags.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from memgate.storage.text_index import OwnerIndex, TextIndexes
 # namespaces) are skipped after searching the whole index; more, and the search is restricted
 # to the allowed ids instead (a term-set filter costs ~1.5 ms per 1,000 ids).
 SKIP_AT_MOST = 200
+CATALOGS_KEPT = 256  # owners whose catalogs stay in memory (as the open indexes)
 
 
 class IndexerActor:
@@ -47,7 +48,7 @@ class IndexerActor:
         self._bus = bus
         self._serial = Serial(self.name)
         self._indexes: TextIndexes | None = None
-        self._catalogs: dict[Owner, Catalog] = {}
+        self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"indexer-{partition}",
                                     self.on_events)
@@ -98,6 +99,9 @@ class IndexerActor:
             if missing:
                 await self._serial(index.add, await self._texts(owner, missing))
             catalog.loaded = True
+            self._catalogs.move_to_end(owner)
+            while len(self._catalogs) > CATALOGS_KEPT:
+                self._catalogs.popitem(last=False)
             return catalog
 
     async def remove(self, owner: Owner, deleted: list[str]) -> None:

@@ -1,7 +1,8 @@
-"""Memory vectors of one partition: a DuckDB file (BLOBs of float32) mirrored in memory.
+"""Memory vectors of one partition: a DuckDB file of float32 BLOBs.
 
-Vectors are normalised at write time, so cosine similarity is one matrix-vector product; the
-embedder copies each owner's into the rows of its `Catalog` (one contiguous matrix per owner).
+Vectors are normalised at write time, so cosine similarity is one matrix-vector product. The file
+is read per owner when the embedder loads that owner's `Catalog`, whose rows then hold the
+owner's vectors as one contiguous matrix; nothing else is kept in memory.
 """
 
 from __future__ import annotations
@@ -20,41 +21,37 @@ CREATE TABLE IF NOT EXISTS vectors (
 
 
 class VectorStore:
+    """Synchronous DuckDB access; the embedder serialises calls onto one thread."""
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))
         self._db.execute(_SCHEMA)
-        self._vectors: dict[str, np.ndarray] = {
-            memory_id: np.frombuffer(blob, dtype=np.float32)
-            for memory_id, blob in self._db.execute("SELECT memory_id, vec FROM vectors").fetchall()
-        }
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
-    def __contains__(self, memory_id: str) -> bool:
-        return memory_id in self._vectors
-
-    def __len__(self) -> int:
-        return len(self._vectors)
+    def owner(self, tenant: str, subject_id: str) -> tuple[list[str], np.ndarray | None]:
+        """Every vector the owner has: the ids, and the vectors as rows (None: none)."""
+        rows = self._db.execute("SELECT memory_id, vec FROM vectors "
+                                "WHERE tenant = ? AND subject_id = ?", [tenant, subject_id]
+                                ).fetchall()
+        if not rows:
+            return [], None
+        return ([r[0] for r in rows],
+                np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]))
 
     def put(self, tenant: str, subject_id: str, ids: list[str], matrix: np.ndarray) -> None:
-        fresh = [(i, v) for i, v in zip(ids, matrix, strict=True) if i not in self._vectors]
-        if not fresh:
+        """Store vectors; an id that already has one keeps it (a redelivered event)."""
+        if not ids:
             return
-        self._db.executemany("INSERT INTO vectors VALUES (?, ?, ?, ?)",
-                             [(i, tenant, subject_id, v.tobytes()) for i, v in fresh])
-        self._vectors.update(fresh)
+        have = {r[0] for r in self._db.execute(
+            "SELECT memory_id FROM vectors WHERE memory_id = ANY(?)", [ids]).fetchall()}
+        fresh = [(i, tenant, subject_id, v.tobytes()) for i, v in zip(ids, matrix, strict=True)
+                 if i not in have]
+        if fresh:
+            self._db.executemany("INSERT INTO vectors VALUES (?, ?, ?, ?)", fresh)
 
     def delete(self, ids: list[str]) -> None:
         self._db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id)", [ids])
-        for memory_id in ids:
-            self._vectors.pop(memory_id, None)
-
-    def known(self, ids: list[str]) -> tuple[list[str], np.ndarray | None]:
-        """Those of `ids` that have a vector, and their vectors as rows (None: none have)."""
-        found = [i for i in ids if i in self._vectors]
-        if not found:
-            return [], None
-        return found, np.stack([self._vectors[i] for i in found])

@@ -85,3 +85,23 @@ async def test_a_deleted_memory_loses_its_vector(world: World) -> None:
                                                        memory_ids=["a"]).to_json()])
     ranked = await world.rank("budget review numbers")
     assert ranked[0] == "c" and "a" not in ranked
+
+
+async def test_a_restarted_embedder_ranks_with_the_vectors_it_made_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = FakeEmbedder()
+    monkeypatch.setattr(embedder_module, "OnnxEmbedder", lambda *_, **__: model)
+    texts = {"a": "budget review numbers", "b": "team lunch friday"}
+    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts),
+                    subjects.store("p0", "catalog"): catalog_route(texts)})
+    for run in range(2):
+        actor = EmbedderActor(partition="p0", path=tmp_path / "vectors.duckdb",
+                              model=Path("m"), tokenizer=Path("t"), bus=fake, batch=4)
+        async with served(actor) as bus:
+            world = World(bus, fake, model, texts)
+            if run == 0:
+                await world.stored("a", "b")
+            embedded = sum(len(call) for call in model.calls)
+            assert (await world.rank("team lunch friday"))[0] == "b"
+            assert sum(len(call) for call in model.calls) == embedded + 1  # the query only
