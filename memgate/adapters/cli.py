@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
 from memgate.app.serve import run_actors, serve
+from memgate.app.supervisor import ChildFailedError
 from memgate.adapters.mcp_server import serve_stdio
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
@@ -56,9 +57,20 @@ def up(
     data_dir: Annotated[Path | None, typer.Option(help="where all state lives")] = None,
     http: Annotated[str | None, typer.Option(help="HOST:PORT of the REST adapter")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats", help="join this NATS instead")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="processes of each stateless kind: REST + governance, recall "
+                    "(env MEMGATE_WORKERS)")] = None,
+    single_process: Annotated[bool | None, typer.Option(
+        "--single-process/--processes",
+        help="every actor in this one process (env MEMGATE_SINGLE_PROCESS)")] = None,
 ) -> None:
-    """Start memgate: nats-server (embedded), every actor and the REST adapter."""
+    """Start memgate: nats-server (embedded), every actor and the REST adapter, the actors in
+    supervised processes (a crashed one is restarted); Ctrl-C stops everything."""
     overrides: dict[str, Any] = {}
+    if workers is not None:
+        overrides["workers"] = workers
+    if single_process is not None:
+        overrides["single_process"] = single_process
     if data_dir is not None:
         overrides["data_dir"] = data_dir
     if http is not None:
@@ -66,7 +78,11 @@ def up(
     if nats_url is not None:
         overrides["nats_url"] = nats_url
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(Settings(**overrides)))
+    try:
+        asyncio.run(serve(Settings(**overrides)))
+    except ChildFailedError as failed:
+        typer.echo(f"memgate: {failed}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("mcp")

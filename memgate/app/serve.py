@@ -1,48 +1,97 @@
-"""Running a memgate process: `memgate up` (everything) and `memgate actors` (some, scaled out).
+"""Running memgate: `memgate up` (everything) and `memgate actors` (some, scaled out).
 
-Each is an `AsyncExitStack` of resources plus a signal-driven shutdown: Ctrl-C drains and stops.
+`memgate up` is a supervisor: it owns the embedded nats-server, its nats-authority and the REST
+listening socket, and runs the actors in supervised child processes by group (`app.layout`,
+`app.supervisor`); `single_process` runs everything in this one process instead. Each is an
+`AsyncExitStack` of resources plus a signal-driven shutdown: Ctrl-C drains and stops.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
+import os
 import signal
-from collections.abc import Iterator
+import socket
 from contextlib import AsyncExitStack
 
 import typer
-import uvicorn
 
-from memgate.adapters.rest import create_app
+from memgate.app.layout import FRONT, groups
+from memgate.app.layout import child_environment
+from memgate.app.process import http_server
 from memgate.app.settings import Settings
-from memgate.app.system import actor_names, start_system
+from memgate.app.supervisor import Supervisor
+from memgate.app.system import (
+    external_bus, internal_logins, start_actors, start_server, start_system,
+)
+
+STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, minus its habit of re-raising Ctrl-C after shutdown: `serve` stops everything."""
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+
+def _started(settings: Settings, url: str) -> None:
+    typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"
+               f"  data {settings.data_dir.resolve()}")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The REST adapter's socket, bound here and served by every front process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 async def serve(settings: Settings) -> None:
-    """Embedded nats-server (unless `--nats`), every actor, the REST adapter; Ctrl-C drains all."""
+    """`memgate up`: supervised processes, or one process (`single_process`)."""
+    if settings.single_process:
+        await serve_in_process(settings)
+    else:
+        await serve_supervised(settings)
+
+
+async def serve_supervised(settings: Settings) -> None:
+    """The embedded nats-server (unless `--nats`) and its nats-authority here; the actors and
+    the REST adapter in child processes; Ctrl-C stops the children in order, then the server."""
+    stop = _stop_on_signals()
+    async with AsyncExitStack() as stack:
+        authority = None
+        if settings.nats_url is None:
+            server, bus = await start_server(settings, stack)
+            authority = await start_actors(
+                settings, bus, stack, only=frozenset({"nats-authority"}), server=server,
+                logins=list(internal_logins(settings).values()))
+        else:
+            bus = external_bus(settings, settings.nats_url)
+        http = listening_socket(settings.http_host, settings.http_port)
+        stack.callback(http.close)
+        layout = groups(settings)
+        supervisor = await stack.enter_async_context(Supervisor(
+            layout, replicas={g.name: g.replicas(settings) for g in layout}, nats_url=bus.url,
+            env=child_environment(dict(os.environ), settings), http_socket=http,
+            stop_timeout_s=settings.request_timeout_s + STOP_MARGIN_S))
+        await supervisor.start(*(g.name for g in layout if g.name != FRONT))
+        if authority is not None:
+            await authority.sync()  # the agents' NATS logins, before the front door opens
+        await supervisor.start(FRONT)
+        _started(settings, bus.url)
+        await stop.wait()
+        typer.echo("memgate: draining and stopping")
+
+
+async def serve_in_process(settings: Settings) -> None:
+    """Embedded nats-server (unless `--nats`), every actor, the REST adapter, in this process."""
     async with AsyncExitStack() as stack:
         bus = await start_system(settings, stack)
-        url = bus.url
-        api = create_app(url, ready_subjects=actor_names(settings),
-                         timeout=settings.request_timeout_s, nats_options=bus.options,
-                         max_body_bytes=settings.max_body_bytes)
-        config = uvicorn.Config(api, host=settings.http_host, port=settings.http_port,
-                                log_level="warning",
-                                # in-flight requests wait on the bus at most this long
-                                timeout_graceful_shutdown=math.ceil(settings.request_timeout_s))
-        typer.echo(f"memgate: NATS {url}  HTTP http://{settings.http_host}:{settings.http_port}"
-                   f"  data {settings.data_dir.resolve()}")
-        server = _Server(config)
+        server = http_server(settings, bus)
+        _started(settings, bus.url)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
@@ -54,9 +103,6 @@ async def run_actors(settings: Settings, only: frozenset[str]) -> None:
     """Some actors, joined to an existing NATS: how memgate scales out, one kind at a time."""
     async with AsyncExitStack() as stack:
         await start_system(settings, stack, only=only)
-        stopped = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopped.set)
+        stop = _stop_on_signals()
         typer.echo(f"memgate: {', '.join(sorted(only))} on {settings.nats_url}")
-        await stopped.wait()
+        await stop.wait()

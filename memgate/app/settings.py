@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     partitions: int = Field(default=1, ge=1, le=64)
     request_timeout_s: float = 10.0
+    # `memgate up`: the actors run in supervised processes by group (app/layout.py); `workers`
+    # processes of each stateless group (REST + governance, recall). One process for all: True.
+    workers: int = Field(default=1, ge=1, le=32)
+    single_process: bool = False
     # A larger HTTP body is refused (413) before it is read. The ceiling is half the bus's
     # payload limit (8 MiB, bus/server.py render_config): room for the envelope and replies.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=4 * 1024 * 1024)

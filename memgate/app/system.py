@@ -67,6 +67,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                            rrf_k=settings.recall_rrf_k,
                            cosine_deadline_ms=settings.recall_cosine_deadline_ms,
                            bm25_deadline_ms=settings.recall_bm25_deadline_ms,
+                           depth=settings.recall_depth,
                            model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
                            batch=settings.embedding_batch),
     ]
@@ -180,44 +181,60 @@ def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:
     return error
 
 
-async def start_system(settings: Settings, stack: AsyncExitStack, *,
-                       skip: frozenset[str] = frozenset(),
-                       only: frozenset[str] | None = None) -> Bus:
-    """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor.
+def external_bus(settings: Settings, url: str) -> Bus:
+    """An operator's NATS: every kind uses the one login given (`MEMGATE_NATS_USER`,
+    `MEMGATE_NATS_PASSWORD`), replies on `_INBOX_MG_<kind>.>`."""
+    options: dict[str, Any] = {}
+    if settings.nats_password is not None:
+        options = {"user": settings.nats_user,
+                   "password": settings.nats_password.get_secret_value()}
+    return Bus(url, {kind: {**options, "inbox_prefix": inbox_prefix(kind)} for kind in ROLES})
 
-    Joined to an external NATS, every kind uses the one login given (`MEMGATE_NATS_USER`,
-    `MEMGATE_NATS_PASSWORD`); the operator grants it what the actors of this process need,
-    replies on `_INBOX_MG_<kind>.>` included. That is also how a process joins the embedded
-    server of another: with the login of the one kind it runs."""
-    if settings.nats_url is not None:
-        options: dict[str, Any] = {}
-        if settings.nats_password is not None:
-            options = {"user": settings.nats_user,
-                       "password": settings.nats_password.get_secret_value()}
-        bus = Bus(settings.nats_url, {kind: {**options, "inbox_prefix": inbox_prefix(kind)}
-                                      for kind in ROLES})
-        await start_actors(settings, bus, stack, skip=skip, only=only)
-        return bus
+
+def internal_bus(url: str, logins: Mapping[str, Login]) -> Bus:
+    """The embedded server: each kind logs in as its own least-privileged user."""
+    return Bus(url, {kind: {"user": login.user, "password": login.password,
+                            "inbox_prefix": inbox_prefix(kind)}
+                     for kind, login in logins.items()})
+
+
+async def start_server(settings: Settings, stack: AsyncExitStack) -> tuple[EmbeddedNats, Bus]:
+    """The embedded, locked-down nats-server; `stack` stops it."""
     logins = internal_logins(settings)
     server = await stack.enter_async_context(EmbeddedNats(
         settings.data_dir / "nats", port=settings.nats_port,
         config=server_config(list(logins.values()), [])))
-    bus = Bus(server.url, {kind: {"user": login.user, "password": login.password,
-                                  "inbox_prefix": inbox_prefix(kind)}
-                           for kind, login in logins.items()})
+    return server, internal_bus(server.url, logins)
+
+
+async def start_system(settings: Settings, stack: AsyncExitStack, *,
+                       skip: frozenset[str] = frozenset(),
+                       only: frozenset[str] | None = None) -> Bus:
+    """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor, all in
+    this process.
+
+    Joined to an external NATS, every kind uses the one login given (`external_bus`); the
+    operator grants it what the actors of this process need. That is also how a process joins
+    the embedded server of another: with the login of the one kind it runs."""
+    if settings.nats_url is not None:
+        bus = external_bus(settings, settings.nats_url)
+        await start_actors(settings, bus, stack, skip=skip, only=only)
+        return bus
+    server, bus = await start_server(settings, stack)
     await start_actors(settings, bus, stack, skip=skip, server=server,
-                       logins=list(logins.values()))
+                       logins=list(internal_logins(settings).values()))
     return bus
 
 
 async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
                        server: EmbeddedNats | None = None,
-                       logins: list[Login] | None = None) -> None:
+                       logins: list[Login] | None = None) -> NatsAuthorityActor | None:
     """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them.
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
-    agents the directory knows."""
+    agents the directory knows. It is returned; it has loaded those agents if the directory runs
+    here too, else its owner calls `sync()` once the directory listens."""
     kinds = KindConnections(bus, timeout=settings.request_timeout_s)
     actors = build_actors(settings, kinds, nats_authority=server is not None)
     authority = None
@@ -243,3 +260,4 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     if authority is not None and {"directory", authority.name}.isdisjoint(skip) and only is None:
         await authority.sync()
     log.info("actors started on %s", bus.url)
+    return authority

@@ -1,0 +1,78 @@
+"""Which actors run in which process of `memgate up`: the process groups (SPEC §6).
+
+Each DuckDB file and Tantivy directory has exactly one owner: the `store` group holds every
+single writer of DuckDB (directory, registry, storage.pN) except the vectors, which the
+embedder of the `index` group owns beside its partition's Tantivy index. The stateless groups
+(`front`: REST + governance; `recall`) run `workers` processes each, sharing their queue groups
+(and, for REST, one listening socket). The nats-authority stays in the supervisor, which owns the
+embedded server it reconfigures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from memgate.app.settings import Settings
+
+FRONT = "front"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One kind of child process: the actors it runs, and how many copies of it."""
+
+    name: str
+    actors: frozenset[str]
+    stateless: bool = False  # any number may run: `Settings.workers` of them
+    rest: bool = False  # serves the REST adapter on the listening socket the supervisor holds
+
+    def replicas(self, settings: Settings) -> int:
+        return settings.workers if self.stateless else 1
+
+
+def groups(settings: Settings) -> list[Group]:
+    """The groups; the front door (last) starts once the others serve and stops first, so
+    the commands in flight still find every actor while it drains."""
+    partitions = settings.partition_names()
+    return [
+        Group("store", frozenset({"directory", "registry",
+                                  *(f"storage.{p}" for p in partitions)})),
+        Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
+                                  *(f"embedder.{p}" for p in partitions)})),
+        Group("recall", frozenset({"recall"}), stateless=True),
+        Group(FRONT, frozenset({"governance"}), stateless=True, rest=True),
+    ]
+
+
+def group_named(settings: Settings, name: str) -> Group:
+    for group in groups(settings):
+        if group.name == name:
+            return group
+    raise ValueError(f"no process group {name!r}")
+
+
+def child_environment(base: dict[str, str], settings: Settings) -> dict[str, str]:
+    """The environment of a child process: `base` with `settings` written over it as the
+    `MEMGATE_*` variables the child reads back (unset optional values removed), so every
+    process of one `memgate up` runs with the same settings."""
+    env = dict(base)
+    for name, value in settings.model_dump().items():
+        key = f"MEMGATE_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        elif isinstance(value, SecretStr):
+            env[key] = value.get_secret_value()
+        elif isinstance(value, Path):
+            env[key] = str(value.resolve())
+        elif isinstance(value, list | dict):  # complex fields are read back as JSON
+            env[key] = json.dumps(value, default=str)
+        else:
+            env[key] = str(value)
+    return env
+
+
+__all__ = ["FRONT", "Group", "child_environment", "group_named", "groups"]

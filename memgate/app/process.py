@@ -1,0 +1,122 @@
+"""One child process of `memgate up`: the actors of one group (`app.layout`), and for the front
+group the REST adapter on the listening socket the supervisor holds.
+
+    python -m memgate.app.process --group store --nats nats://127.0.0.1:4222 --ready-fd 5
+
+Settings come from the environment (`MEMGATE_*`, written by the supervisor); the NATS logins are
+derived from the same secret the supervisor's embedded server was configured with. The process
+writes one line to `--ready-fd` once its actors (and HTTP) serve, and stops (draining) on
+SIGTERM or SIGINT, or when its standard input closes: the supervisor holds the other end, so a
+child never outlives it, even when the supervisor is killed outright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack
+
+import uvicorn
+
+from memgate.adapters.rest import create_app
+from memgate.app.layout import group_named
+from memgate.app.settings import Settings
+from memgate.app.system import Bus, actor_names, external_bus, internal_bus, internal_logins
+from memgate.app.system import start_actors
+
+log = logging.getLogger("memgate")
+HTTP_START_TIMEOUT_S = 30.0
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn, minus its habit of re-raising Ctrl-C after shutdown: its owner stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def http_server(settings: Settings, bus: Bus) -> HttpServer:
+    """The REST adapter of `settings`, its requests on the bus `bus`."""
+    api = create_app(bus.url, ready_subjects=actor_names(settings),
+                     timeout=settings.request_timeout_s, nats_options=bus.options,
+                     max_body_bytes=settings.max_body_bytes)
+    return HttpServer(uvicorn.Config(
+        api, host=settings.http_host, port=settings.http_port, log_level="warning",
+        # in-flight requests wait on the bus at most this long
+        timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)))
+
+
+def _stop_when_parent_goes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Standard input is a pipe from the supervisor: end of file means it is gone."""
+    fd = sys.stdin.fileno()
+
+    def readable() -> None:
+        try:
+            gone = not os.read(fd, 4096)
+        except OSError:
+            gone = True
+        if gone:
+            loop.remove_reader(fd)
+            stop.set()
+
+    loop.add_reader(fd, readable)
+
+
+async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: int | None,
+                    http_fd: int | None) -> None:
+    """Run the group's actors (and HTTP) until told to stop, then drain: HTTP first."""
+    members = group_named(settings, group)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready_fd is not None:  # started by the supervisor, which holds our standard input
+        _stop_when_parent_goes(loop, stop)
+    bus = (external_bus(settings, nats_url) if settings.nats_url is not None
+           else internal_bus(nats_url, internal_logins(settings)))
+    async with AsyncExitStack() as stack:
+        await start_actors(settings, bus, stack, only=members.actors)
+        http: HttpServer | None = None
+        serving: asyncio.Task[None] | None = None
+        if members.rest and http_fd is not None:
+            http = http_server(settings, bus)
+            serving = asyncio.create_task(http.serve(sockets=[socket.socket(fileno=http_fd)]))
+            started = loop.time()
+            while not http.started:  # uvicorn offers no event to wait on
+                if serving.done() or loop.time() - started > HTTP_START_TIMEOUT_S:
+                    raise RuntimeError("the REST adapter did not start")
+                await asyncio.sleep(0.01)
+        if ready_fd is not None:
+            os.write(ready_fd, f"{group} {os.getpid()}\n".encode())
+            os.close(ready_fd)
+        await stop.wait()
+        if http is not None and serving is not None:  # the front door closes before the actors
+            http.should_exit = True
+            await serving
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m memgate.app.process",
+                                     description="One supervised process of `memgate up`.")
+    parser.add_argument("--group", required=True, help="the process group (app/layout.py)")
+    parser.add_argument("--nats", required=True, help="the NATS URL the actors join")
+    parser.add_argument("--ready-fd", type=int, help="written to once the group serves")
+    parser.add_argument("--http-fd", type=int, help="the listening socket of the REST adapter")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(name)s[{args.group}] %(levelname)s %(message)s")
+    asyncio.run(run_group(Settings(), args.group, args.nats, ready_fd=args.ready_fd,
+                          http_fd=args.http_fd))
+
+
+if __name__ == "__main__":
+    main()
