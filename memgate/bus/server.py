@@ -128,6 +128,8 @@ class EmbeddedNats:
         self._process = await asyncio.create_subprocess_exec(
             str(nats_server_binary()), *args,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            # a terminal's Ctrl-C reaches only its owner, which stops it after the actors drain
+            start_new_session=True,
         )
         self._log_reader = asyncio.create_task(self._read_log(), name="nats-server.log")
         ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"
