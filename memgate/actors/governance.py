@@ -30,6 +30,9 @@ from memgate.runtime.actor import ready_route
 from memgate.storage.directory import hash_token
 
 QUEUE = "governance"
+# Commands handled at once per process: each mostly waits on other actors (directory, storage),
+# and one at a time would queue every agent behind the slowest of them.
+CONCURRENCY = 256
 
 __all__ = ["GovernanceActor", "authorise", "refuse_personal_data"]
 
@@ -63,7 +66,7 @@ class GovernanceActor:
             subjects.LIST: self.list_memories, subjects.FORGET: self.forget,
         }
         for subject, handler in handlers.items():
-            router.subscriber(subject, queue=QUEUE)(replying(handler))
+            router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

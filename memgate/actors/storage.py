@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from functools import partial
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.runtime.batching import GroupCommit
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Consumers, Publisher
 from memgate.bus.streams import OutboxRelay
@@ -35,10 +37,16 @@ from memgate.contracts.internal import (
     RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts, TextsRequest,
 )
 from memgate.storage import (
-    Filters, LimitReachedError, Limits, MemoryStore, Row, decode_cursor, encode_cursor,
+    Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
+    encode_cursor,
 )
 
 log = logging.getLogger("memgate.storage")
+
+# Remembers taken in at once: those that arrive while a commit runs share the next one (at most
+# GROUP_CAP); the others (list, forget, ...) are handled one at a time, in order.
+GROUP_CAP = 128
+REMEMBERS_AT_ONCE = 2 * GROUP_CAP
 
 
 def citations_of(row: Row) -> list[Citation]:
@@ -64,6 +72,9 @@ class StorageActor:
         self.name = f"storage.{partition}"
         self._path = path
         self._serial = Serial(self.name)
+        self._remembers = GroupCommit[Remember, Stored](self._serial, self._remember_group,
+                                                        cap=GROUP_CAP)
+        self._events_subject = subjects.memory_events(partition)
         self._store: MemoryStore | None = None
         self._relay = OutboxRelay(
             publisher, prefix=partition,
@@ -95,29 +106,32 @@ class StorageActor:
             "texts": self.texts,
             "purge": self.purge,
         }.items():
-            router.subscriber(subjects.store(self.partition, operation))(replying(handler))
+            router.subscriber(subjects.store(self.partition, operation),
+                              max_workers=REMEMBERS_AT_ONCE if operation == "remember" else 1,
+                              )(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
     async def remember(self, payload: bytes) -> RememberResult:
+        """Committed with whatever other remembers arrive meanwhile (group commit), answered
+        after that commit."""
         command = parse(StoreRemember, payload)
         owner = command.owner
-        filters = Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
-                          command.collection_id)
         memory_id = str(uuid.uuid4())
+        partition = self.partition
 
         def event(seq: int) -> bytes:
-            return MemoryStored(partition=self.partition, owner=owner, memory_id=memory_id,
+            return MemoryStored(partition=partition, owner=owner, memory_id=memory_id,
                                 seq=seq).to_json()
 
         try:
-            stored = await self._serial(
-                lambda: self.store.remember(
-                    filters, memory_id=memory_id, credential_id=command.credential_id,
-                    text=command.text, retention_days=command.retention_days,
-                    event_subject=subjects.memory_events(self.partition), event=event,
-                    limits=self._limits,
-                    citations=[c.model_dump(by_alias=True) for c in command.citations]))
+            stored = await self._remembers(Remember(
+                Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
+                        command.collection_id),
+                memory_id=memory_id, credential_id=command.credential_id, text=command.text,
+                retention_days=command.retention_days,
+                event_subject=self._events_subject, event=event,
+                citations=tuple(c.model_dump(by_alias=True) for c in command.citations)))
         except LimitReachedError as reached:
             if reached.retry_after is not None:
                 raise RateLimitedError(
@@ -126,9 +140,13 @@ class StorageActor:
             raise AgentMemoryFullError(
                 f"at most {self._limits.versions_per_member} memory versions per member",
                 {"limit": self._limits.versions_per_member}) from None
-        self._relay.wake()
+        finally:
+            self._relay.wake()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)
+
+    def _remember_group(self, items: Sequence[Remember]) -> list[Stored | Exception]:
+        return self.store.remember_group(items, self._limits)
 
     @staticmethod
     def _filters(query: StoreQuery) -> Filters:

@@ -1,13 +1,13 @@
 """The only package that speaks NATS: subjects, replies, the embedded server and the clients."""
 
-from faststream.nats import NatsRouter
-
 from memgate.bus import subjects
 from memgate.bus.client import BusClient, MemgateClient
-from memgate.bus.replies import decode_reply, ok_bytes, parse, replying, validation_failure
+from memgate.bus.replies import (
+    NatsRouter, decode_reply, ok_bytes, parse, replying, validation_failure,
+)
 from memgate.bus.server import EmbeddedNats, nats_server_binary
 
 __all__ = [
-    "BusClient", "EmbeddedNats", "NatsRouter", "MemgateClient", "decode_reply", "nats_server_binary",
-    "ok_bytes", "parse", "replying", "subjects", "validation_failure",
+    "BusClient", "EmbeddedNats", "NatsRouter", "MemgateClient", "decode_reply",
+    "nats_server_binary", "ok_bytes", "parse", "replying", "subjects", "validation_failure",
 ]

@@ -3,8 +3,9 @@
 from memgate.storage.catalog import Catalog
 from memgate.storage.directory import DirectoryStore, hash_token
 from memgate.storage.memories import (
-    Filters, LimitReachedError, Limits, MemoryStore, Row, Stored, decode_cursor, encode_cursor,
+    Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
+    encode_cursor,
 )
 
 __all__ = ["Catalog", "DirectoryStore", "Filters", "LimitReachedError", "Limits", "MemoryStore",
-           "Row", "Stored", "decode_cursor", "encode_cursor", "hash_token"]
+           "Remember", "Row", "Stored", "decode_cursor", "encode_cursor", "hash_token"]

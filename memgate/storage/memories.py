@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -89,6 +90,29 @@ class Filters:
     collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
 
 
+@dataclass(frozen=True)
+class Remember:
+    """One remember of a group: the version to store and its event (built from its seq)."""
+
+    filters: Filters
+    memory_id: str
+    credential_id: str
+    text: str
+    retention_days: int
+    event_subject: str
+    event: Callable[[int], bytes]
+    citations: tuple[dict[str, Any], ...] = ()
+
+
+_Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, subject), instant
+
+
+def _key_of(filters: Filters) -> tuple[str, str, str, str] | None:
+    if filters.key is None:
+        return None
+    return filters.tenant, filters.subject_id, filters.namespace or "", filters.key
+
+
 def _naive(instant: datetime) -> datetime:
     return instant.astimezone(UTC).replace(tzinfo=None)
 
@@ -126,6 +150,12 @@ class MemoryStore:
         highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")
         outbox.create(self._db, floor=highest)  # seq never repeats: events' ids come from it
         self._last_created: datetime = last or datetime.min
+        self._log_swept = datetime.min  # when rows older than an hour were last deleted
+        # What the limits count, as committed, loaded per credential and owner on first use and
+        # kept up to date by every write below (this store is the file's only writer): no scan
+        # of the tables per remember. A new way of writing `memories` must keep them too.
+        self._window: dict[str, deque[datetime]] = {}  # credential → remembers of the last hour
+        self._counted: dict[tuple[str, str], int] = {}  # (tenant, subject) → versions
 
     def _one(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...]:
         """The single row an aggregate query returns."""
@@ -137,69 +167,178 @@ class MemoryStore:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
-    def _next(self) -> tuple[int, datetime]:
-        """A fresh sequence number (inside the caller's transaction) and a creation instant
-        later than every earlier one."""
+    def _instant(self) -> datetime:
+        """A creation instant later than every earlier one."""
         now = max(datetime.now(UTC).replace(tzinfo=None),
                   self._last_created + timedelta(microseconds=1))
         self._last_created = now
-        return outbox.next_seq(self._db), now
-
-    def _check_limits(self, filters: Filters, credential_id: str, now: datetime,
-                      limits: Limits) -> None:
-        """Counted in the partition's single writer, so they hold however many governance
-        processes there are."""
-        db = self._db
-        hour_ago = now - timedelta(hours=1)
-        db.execute("DELETE FROM remember_log WHERE credential_id = ? AND remembered_at <= ?",
-                   [credential_id, hour_ago])
-        recent, oldest = self._one(
-            "SELECT count(*), min(remembered_at) FROM remember_log WHERE credential_id = ?",
-            [credential_id])
-        if recent >= limits.remembers_per_hour:
-            raise LimitReachedError("rate", max(1, int((oldest - hour_ago).total_seconds()) + 1))
-        versions = self._one("SELECT count(*) FROM memories WHERE tenant = ? AND subject_id = ?",
-                             [filters.tenant, filters.subject_id])[0]
-        if versions >= limits.versions_per_member:
-            raise LimitReachedError("versions")
+        return now
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
                  retention_days: int, event_subject: str, event: Callable[[int], bytes],
                  limits: Limits = Limits(),
-                 citations: list[dict[str, Any]] | None = None) -> Stored:
-        """Check the limits, insert a version, supersede the live one of the same key, queue
-        the event: one transaction."""
+                 citations: Sequence[dict[str, Any]] = ()) -> Stored:
+        """One remember alone (`remember_group` of one); a refusal raises `LimitReachedError`."""
+        [outcome] = self.remember_group([Remember(
+            filters, memory_id=memory_id, credential_id=credential_id, text=text,
+            retention_days=retention_days, event_subject=event_subject, event=event,
+            citations=tuple(citations))], limits)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def remember_group(self, items: Sequence[Remember],
+                       limits: Limits = Limits()) -> list[Stored | Exception]:
+        """Remember a group in one transaction (group commit), each as if alone and in order:
+        the limits count the earlier ones of the group, a later version of a key supersedes an
+        earlier one, each event is queued with its version. One outcome per item: what it
+        stored, or the `LimitReachedError` that refused it. Should the group's transaction
+        fail, each item is tried alone, so that one bad item fails no other."""
         db = self._db
+        last_created = self._last_created
         db.begin()
         try:
-            self._check_limits(filters, credential_id, datetime.now(UTC).replace(tzinfo=None),
-                               limits)
-            seq, now = self._next()
-            db.execute("INSERT INTO remember_log VALUES (?, ?)", [credential_id, now])
-            superseded = 0
-            if filters.key is not None:
-                superseded = len(db.execute(
-                    "UPDATE memories SET superseded_at = ? WHERE tenant = ? AND subject_id = ? "
-                    "AND namespace = ? AND key = ? AND superseded_at IS NULL RETURNING seq",
-                    [now, filters.tenant, filters.subject_id, filters.namespace, filters.key],
-                ).fetchall())
-            db.execute(
-                "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, "
-                "namespace, key, collection_id, text, classification, derived_from, created_at, "
-                "superseded_at, expires_at, legal_hold, citations) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, NULL, ?, false, ?)",
-                [memory_id, seq, filters.tenant, filters.subject_id, credential_id,
-                 filters.namespace, filters.key, filters.collection_id, text,
-                 [c["passageId"] for c in citations or []], now,
-                 now + timedelta(days=retention_days), json.dumps(citations or [])],
-            )
-            db.execute("INSERT INTO outbox VALUES (?, ?, ?)", [seq, event_subject, event(seq)])
+            outcomes, counted = self._remember_all(items, limits)
             db.commit()
+        except Exception as exc:
+            db.rollback()
+            self._last_created = last_created
+            if len(items) == 1:
+                return [exc]
+            return [outcome for item in items
+                    for outcome in self.remember_group([item], limits)]
         except BaseException:
             db.rollback()
             raise
-        return Stored(memory_id=memory_id, seq=seq, created_at=now.replace(tzinfo=UTC),
-                      superseded=superseded)
+        for credential, owner, created in counted:
+            self._window[credential].append(created)
+            self._counted[owner] += 1
+        return outcomes
+
+    def _recent(self, credentials: list[str],
+                hour_ago: datetime) -> dict[str, tuple[int, datetime | None]]:
+        """Per credential: its remembers in the last hour, and the oldest of them."""
+        if hour_ago - self._log_swept > timedelta(minutes=1):  # rows that can never count again
+            self._db.execute("DELETE FROM remember_log WHERE remembered_at <= ?", [hour_ago])
+            self._log_swept = hour_ago
+            for window in self._window.values():
+                while window and window[0] <= hour_ago:
+                    window.popleft()
+            self._window = {c: window for c, window in self._window.items() if window}
+        if missing := [c for c in credentials if c not in self._window]:
+            self._window.update((c, deque()) for c in missing)
+            for credential, instant in self._db.execute(
+                    "SELECT credential_id, remembered_at FROM remember_log WHERE remembered_at > ? "
+                    "AND list_contains(?, credential_id) ORDER BY remembered_at",
+                    [hour_ago, missing]).fetchall():
+                self._window[credential].append(instant)
+        recent: dict[str, tuple[int, datetime | None]] = {}
+        for credential in credentials:
+            window = self._window[credential]
+            while window and window[0] <= hour_ago:
+                window.popleft()
+            recent[credential] = (len(window), window[0] if window else None)
+        return recent
+
+    def _versions(self, owners: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """How many versions each owner (tenant, subject) has."""
+        if missing := owners - self._counted.keys():
+            self._counted.update((owner, 0) for owner in missing)
+            for tenant, subject, count in self._db.execute(
+                    "SELECT tenant, subject_id, count(*) FROM memories WHERE list_contains(?, "
+                    "tenant) AND list_contains(?, subject_id) GROUP BY tenant, subject_id",
+                    [sorted({t for t, _ in missing}), sorted({s for _, s in missing})]).fetchall():
+                if (tenant, subject) in missing:
+                    self._counted[(tenant, subject)] = count
+        return {owner: self._counted[owner] for owner in owners}
+
+    def _remember_all(self, items: Sequence[Remember],
+                      limits: Limits) -> tuple[list[Stored | Exception], list[_Counted]]:
+        """The outcomes, and what the limits are to count once committed (credential, owner,
+        instant). Counted in the partition's single writer, so the limits hold however many
+        governance processes there are."""
+        db = self._db
+        hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
+        recent = self._recent(sorted({i.credential_id for i in items}), hour_ago)
+        versions = self._versions({(i.filters.tenant, i.filters.subject_id) for i in items})
+        outcomes: list[Stored | Exception | None] = []  # None: accepted, stored below
+        accepted: list[tuple[int, Remember, datetime]] = []  # (outcome index, item, created)
+        for item in items:
+            count, oldest = recent.get(item.credential_id, (0, None))
+            owner = (item.filters.tenant, item.filters.subject_id)
+            if count >= limits.remembers_per_hour:
+                assert oldest is not None
+                wait = int((oldest - hour_ago).total_seconds()) + 1
+                outcomes.append(LimitReachedError("rate", min(3600, max(1, wait))))
+            elif versions.get(owner, 0) >= limits.versions_per_member:
+                outcomes.append(LimitReachedError("versions"))
+            else:
+                created = self._instant()
+                recent[item.credential_id] = (count + 1, oldest or created)
+                versions[owner] = versions.get(owner, 0) + 1
+                accepted.append((len(outcomes), item, created))
+                outcomes.append(None)
+        if not accepted:
+            return [o for o in outcomes if o is not None], []
+        first = outbox.next_seqs(db, len(accepted))
+        superseded_at: list[datetime | None] = [None] * len(accepted)
+        superseding = [0] * len(accepted)
+        newest: dict[tuple[str, str, str, str], int] = {}  # key → its latest accepted item
+        for position, (_, item, created) in enumerate(accepted):
+            if (key := _key_of(item.filters)) is not None:
+                if (earlier := newest.get(key)) is not None:
+                    superseded_at[earlier] = created
+                    superseding[position] = 1
+                newest[key] = position
+        self._supersede(accepted, newest, superseding)
+        columns = list(zip(*[
+            (item.memory_id, first + position, item.filters.tenant, item.filters.subject_id,
+             item.credential_id, item.filters.namespace, item.filters.key,
+             item.filters.collection_id, item.text, [c["passageId"] for c in item.citations],
+             created, superseded_at[position], created + timedelta(days=item.retention_days),
+             json.dumps(list(item.citations)), item.event_subject, item.event(first + position))
+            for position, (_, item, created) in enumerate(accepted)], strict=True))
+        db.execute(
+            "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, namespace, "
+            "key, collection_id, text, classification, derived_from, created_at, superseded_at, "
+            "expires_at, legal_hold, citations) SELECT unnest(?), unnest(?), unnest(?), "
+            "unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), 'personal', "
+            "unnest(?::VARCHAR[][]), unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), "
+            "unnest(?::TIMESTAMP[]), false, unnest(?)", [list(c) for c in columns[:14]])
+        db.execute("INSERT INTO remember_log SELECT unnest(?), unnest(?::TIMESTAMP[])",
+                   [list(columns[4]), list(columns[10])])
+        db.execute("INSERT INTO outbox SELECT unnest(?::BIGINT[]), unnest(?), unnest(?::BLOB[])",
+                   [list(columns[1]), list(columns[14]), list(columns[15])])
+        for position, (index, item, created) in enumerate(accepted):
+            outcomes[index] = Stored(memory_id=item.memory_id, seq=first + position,
+                                     created_at=created.replace(tzinfo=UTC),
+                                     superseded=superseding[position])
+        return [o for o in outcomes if o is not None], [
+            (item.credential_id, (item.filters.tenant, item.filters.subject_id), created)
+            for _, item, created in accepted]
+
+    def _supersede(self, accepted: list[tuple[int, Remember, datetime]],
+                   newest: dict[tuple[str, str, str, str], int], superseding: list[int]) -> None:
+        """The live versions of the group's keys, superseded by the first of the group that
+        has the key (adds to `superseding`, by position in `accepted`)."""
+        firsts: dict[tuple[str, str, str, str], int] = {}
+        for position, (_, item, _) in enumerate(accepted):
+            if (key := _key_of(item.filters)) is not None:
+                firsts.setdefault(key, position)
+        if not firsts:
+            return
+        keys = list(firsts)
+        rows = self._db.execute(
+            "UPDATE memories SET superseded_at = v.at FROM (SELECT unnest(?) AS t, "
+            "unnest(?) AS s, unnest(?) AS n, unnest(?) AS k, unnest(?::TIMESTAMP[]) AS at) v "
+            "WHERE memories.tenant = v.t AND memories.subject_id = v.s "
+            "AND memories.namespace = v.n AND memories.key = v.k "
+            "AND memories.superseded_at IS NULL "
+            "RETURNING memories.tenant, memories.subject_id, memories.namespace, memories.key",
+            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+             [k[3] for k in keys], [accepted[firsts[k]][2] for k in keys]]).fetchall()
+        for row in rows:
+            superseding[firsts[(row[0], row[1], row[2], row[3])]] += 1
 
     def _where(self, filters: Filters, as_of: datetime) -> tuple[str, list[Any]]:
         clauses = ["tenant = ?", "subject_id = ?", "legal_hold = false", "created_at <= ?",
@@ -311,6 +450,9 @@ class MemoryStore:
         except BaseException:
             db.rollback()
             raise
+        for owner, ids in by_owner.items():
+            if (tenant, owner) in self._counted:
+                self._counted[(tenant, owner)] -= len(ids)
         return [deleted for _, deleted in rows]
 
     def texts(self, tenant: str, subject_id: str,

@@ -35,9 +35,14 @@ def create(db: duckdb.DuckDBPyConnection, *, floor: int = 0) -> None:
 
 def next_seq(db: duckdb.DuckDBPyConnection) -> int:
     """The next number; call it inside the transaction that uses it, so a rollback returns it."""
-    row = db.execute("UPDATE sequence SET last = last + 1 RETURNING last").fetchone()
+    return next_seqs(db, 1)
+
+
+def next_seqs(db: duckdb.DuckDBPyConnection, count: int) -> int:
+    """The first of the next `count` numbers (consecutive), inside the caller's transaction."""
+    row = db.execute("UPDATE sequence SET last = last + ? RETURNING last", [count]).fetchone()
     assert row is not None, "create() first"
-    return int(row[0])
+    return int(row[0]) - count + 1
 
 
 def queue(db: duckdb.DuckDBPyConnection, subject: str, payload: bytes) -> int:

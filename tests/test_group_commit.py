@@ -1,0 +1,182 @@
+"""Group commit: concurrent remembers of a partition share one DuckDB transaction, each exactly
+as if it had been alone (limits, superseding by key, seq, events), acknowledged once committed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from memgate.contracts.errors import RateLimitedError
+from memgate.runtime import Serial
+from memgate.runtime.batching import GroupCommit
+from memgate.storage import Filters, LimitReachedError, Limits, MemoryStore, Remember, Stored
+from tests.conftest import Memgate, run_memgate
+
+SUBJECT = "mem.evt.p0.memories"
+
+
+def item(text: str, *, key: str | None = None, credential: str = "c1", subject: str = "m1",
+         event: object = None) -> Remember:
+    def queued(seq: int) -> bytes:
+        if event is not None:
+            raise RuntimeError("this item cannot be stored")
+        return json.dumps({"seq": seq, "text_len": len(text)}).encode()
+
+    return Remember(Filters("w1", subject, "notes", key), memory_id=str(uuid.uuid4()),
+                    credential_id=credential, text=text, retention_days=30,
+                    event_subject=SUBJECT, event=queued)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MemoryStore:
+    return MemoryStore(tmp_path / "memories.duckdb")
+
+
+def stored(outcomes: Sequence[Stored | Exception]) -> list[Stored]:
+    return [o for o in outcomes if isinstance(o, Stored)]
+
+
+def test_a_later_remember_of_a_key_in_the_same_group_supersedes_the_earlier(
+    store: MemoryStore,
+) -> None:
+    [old] = stored(store.remember_group([item("old", key="k")]))
+    first, second, _ = store.remember_group(
+        [item("first", key="k"), item("second", key="k"), item("other", key="j")])
+    assert isinstance(first, Stored) and isinstance(second, Stored)
+    assert (first.superseded, second.superseded) == (1, 1)  # the old one, then the first
+    live = store.versions(Filters("w1", "m1"), as_of=datetime.now(UTC), limit=10)
+    assert sorted(r.text for r in live) == ["other", "second"]
+    for version in (first, second):  # each was the live one from its creation on
+        live = store.versions(Filters("w1", "m1", key="k"), as_of=version.created_at, limit=10)
+        assert [r.memory_id for r in live] == [version.memory_id]
+    assert old.seq < first.seq < second.seq
+
+
+def test_limits_count_the_earlier_remembers_of_the_group(store: MemoryStore) -> None:
+    limits = Limits(remembers_per_hour=3, versions_per_member=4)
+    outcomes = store.remember_group([item(f"n{i}") for i in range(5)], limits)
+    assert len(stored(outcomes)) == 3
+    refused = [o for o in outcomes if isinstance(o, LimitReachedError)]
+    assert [r.limit for r in refused] == ["rate", "rate"]
+    assert all(r.retry_after is not None and 0 < r.retry_after <= 3600 for r in refused)
+    outcomes = store.remember_group([item("a", credential="c2"), item("b", credential="c2")],
+                                    limits)
+    assert isinstance(outcomes[0], Stored)
+    assert isinstance(outcomes[1], LimitReachedError) and outcomes[1].limit == "versions"
+    other_member = store.remember_group([item("mine", credential="c3", subject="m2")], limits)
+    assert isinstance(other_member[0], Stored)
+
+
+def test_each_version_gets_its_own_seq_and_its_event_in_the_same_transaction(
+    store: MemoryStore,
+) -> None:
+    group = stored(store.remember_group([item(f"n{i}") for i in range(20)]))
+    later = stored(store.remember_group([item("later")]))
+    seqs = [s.seq for s in group + later]
+    assert seqs == sorted(set(seqs))
+    events = store.pending_events()
+    assert [seq for seq, _, _ in events] == seqs
+    assert all(json.loads(payload)["seq"] == seq for seq, _, payload in events)
+    assert [s.created_at for s in group] == sorted({s.created_at for s in group})
+
+
+def test_an_item_that_fails_fails_alone(store: MemoryStore) -> None:
+    outcomes = store.remember_group([item("good"), item("bad", event=True), item("also good")])
+    assert isinstance(outcomes[0], Stored) and isinstance(outcomes[2], Stored)
+    assert isinstance(outcomes[1], RuntimeError)
+    texts = [text for _, text in store.texts("w1", "m1", None)]
+    assert texts == ["good", "also good"]
+    assert len(store.pending_events()) == 2
+
+
+def test_a_group_survives_reopening_the_file(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path / "m.duckdb")
+    group = stored(store.remember_group([item(f"n{i}") for i in range(10)]))
+    store.close()
+    reopened = MemoryStore(tmp_path / "m.duckdb")
+    [after] = stored(reopened.remember_group([item("after")]))
+    assert after.seq > max(s.seq for s in group)  # seq never repeats
+    reopened.close()
+    with duckdb.connect(str(tmp_path / "m.duckdb")) as db:
+        assert db.execute("SELECT count(*) FROM remember_log").fetchone() == (11,)
+
+
+async def test_what_arrives_during_a_commit_shares_the_next_one() -> None:
+    started, release = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def commit(items: Sequence[int]) -> list[int | Exception]:
+        batches.append(list(items))
+        started.set()
+        release.wait(10)
+        return [i * 10 if i != 3 else ValueError("three") for i in items]
+
+    serial = Serial("test-group")
+    try:
+        group = GroupCommit[int, int](serial, commit, cap=3)
+        first = asyncio.ensure_future(group(0))
+        assert await asyncio.to_thread(started.wait, 10)
+        rest = [asyncio.ensure_future(group(i)) for i in range(1, 6)]
+        release.set()
+        results = await asyncio.gather(first, *rest, return_exceptions=True)
+    finally:
+        serial.shutdown()
+    assert batches == [[0], [1, 2, 3], [4, 5]]
+    assert results[:3] == [0, 10, 20]
+    assert isinstance(results[3], ValueError)
+    assert results[4:] == [40, 50]
+
+
+async def test_concurrent_remembers_over_the_bus_are_each_acknowledged_once_committed(
+    memgate: Memgate,
+) -> None:
+    owner = await memgate.workspace()
+    agents = [await memgate.agent("bus", await memgate.credential(owner)) for _ in range(4)]
+    results = await asyncio.gather(*(
+        agent.remember("notes", f"note {i}", key=f"k{i % 3}")
+        for i in range(40) for agent in agents))
+    assert len({r.memory_id for r in results}) == 160
+    listed = (await agents[0].list(limit=100)).memories
+    assert sorted(m.key or "" for m in listed) == ["k0", "k1", "k2"]  # one live version per key
+    assert {m.memory_id for m in listed} <= {r.memory_id for r in results}
+
+
+async def test_the_rate_limit_is_exact_when_remembers_arrive_together(tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, limit_remembers_per_hour=7)
+        owner = await memgate.workspace()
+        agent = await memgate.agent("bus", await memgate.credential(owner))
+
+        async def remember(i: int) -> bool:
+            try:
+                await agent.remember("n", f"note {i}")
+            except RateLimitedError:
+                return False
+            return True
+
+        outcomes = await asyncio.gather(*(remember(i) for i in range(30)))
+        assert outcomes.count(True) == 7
+
+
+def test_limits_hold_across_a_restart_and_deleting_frees_room(tmp_path: Path) -> None:
+    limits = Limits(remembers_per_hour=3, versions_per_member=2)
+    store = MemoryStore(tmp_path / "m.duckdb")
+    assert len(stored(store.remember_group([item("a"), item("b", credential="c2")], limits))) == 2
+    store.close()
+    store = MemoryStore(tmp_path / "m.duckdb")
+    [full] = store.remember_group([item("c", credential="c3")], limits)
+    assert isinstance(full, LimitReachedError) and full.limit == "versions"
+    store.delete("w1", event_subject=SUBJECT, event=lambda owner, ids: b"{}")  # the workspace
+    outcomes = store.remember_group([item("d"), item("e"), item("f")], limits)
+    assert [type(o) for o in outcomes] == [Stored, Stored, LimitReachedError]
+    assert isinstance(outcomes[2], LimitReachedError) and outcomes[2].limit == "rate"
+    store.close()
