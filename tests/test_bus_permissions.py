@@ -104,8 +104,10 @@ async def stream_messages(nc: NatsClient) -> list[bytes]:
     """Every message in the events stream (read with the storage actor's login)."""
     js = nc.jetstream()
     state = (await js.stream_info("MEM_EVT")).state
-    found = []
-    for seq in range(state.first_seq, state.last_seq + 1):
+    found: list[bytes] = []
+    if state.messages == 0:  # an empty stream has no sequence 0 to read
+        return found
+    for seq in range(max(state.first_seq, 1), state.last_seq + 1):
         try:
             found.append((await js.get_msg("MEM_EVT", seq)).data or b"")
         except NotFoundError:
