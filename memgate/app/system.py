@@ -8,14 +8,10 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
-
-from faststream.nats import NatsBroker
-from nats.aio.client import Client as NatsClient
-from faststream.security import SASLPlaintext
 
 from memgate.actors.directory import DirectoryActor
 from memgate.actors.embedder import EmbedderActor
@@ -26,10 +22,10 @@ from memgate.actors.recall import RecallActor
 from memgate.actors.registry import RegistryActor
 from memgate.actors.storage import StorageActor
 from memgate.app.settings import Settings
-from memgate.bus import BusClient, EmbeddedNats, subjects
+from memgate.bus import EmbeddedNats, subjects
+from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
-from memgate.bus.streams import EventPublisher
 from memgate.runtime.actor import Actor
 from memgate.storage import Limits
 
@@ -134,51 +130,6 @@ def internal_logins(settings: Settings) -> dict[str, Login]:
     return {kind: Login(f"{settings.nats_user}-{kind}", password(kind),
                         role.permissions(inbox_prefix(kind)))
             for kind, role in ROLES.items()}
-
-
-class KindConnections:
-    """One NATS connection per kind of actor, logged in as that kind; opened only for the kinds
-    this process runs (`connect`), so `memgate actors --only governance` opens one."""
-
-    def __init__(self, bus: Bus, *, timeout: float) -> None:
-        self._bus = bus
-        self._timeout = timeout
-        self._connections: dict[str, NatsClient] = {}
-
-    def _nc(self, kind: str) -> NatsClient:
-        return self._connections.setdefault(kind, NatsClient())
-
-    def client(self, kind: str) -> BusClient:
-        return BusClient(self._nc(kind), timeout=self._timeout)
-
-    def publisher(self, kind: str) -> EventPublisher:
-        return EventPublisher(self._nc(kind))
-
-    async def connect(self, kind: str, stack: AsyncExitStack) -> None:
-        nc = self._nc(kind)
-        if nc.is_connected:
-            return
-        await nc.connect(self._bus.url, name=f"memgate-{kind}", error_cb=_nats_error(kind),
-                         **self._bus.login(kind))
-        stack.push_async_callback(nc.drain)
-
-    def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
-        """A faststream broker for the subjects `kind` serves, on that kind's login."""
-        login = self._bus.login(kind)
-        security = (SASLPlaintext(username=login["user"], password=login["password"])
-                    if "user" in login else None)
-        return NatsBroker(self._bus.url, logger=None, graceful_timeout=graceful_timeout,
-                          security=security, name=f"memgate-{kind}-routes",
-                          error_cb=_nats_error(kind))
-
-
-def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:
-    """Log what the server refuses a login (a permissions violation names a subject only)."""
-
-    async def error(exc: Exception) -> None:
-        log.error("NATS (%s login): %s", kind, exc)
-
-    return error
 
 
 def external_bus(settings: Settings, url: str) -> Bus:

@@ -1,0 +1,73 @@
+"""NATS connections of a memgate process: one per kind of actor, on that kind's own login."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any, Protocol
+
+from faststream.nats import NatsBroker
+from faststream.security import SASLPlaintext
+from nats.aio.client import Client as NatsClient
+
+from memgate.bus.client import BusClient
+from memgate.bus.streams import EventPublisher
+
+log = logging.getLogger("memgate.bus")
+
+__all__ = ["KindConnections", "Logins", "NatsBroker"]
+
+
+class Logins(Protocol):
+    """Where the NATS is, and how each kind of actor logs in to it."""
+
+    @property
+    def url(self) -> str: ...
+
+    def login(self, kind: str) -> dict[str, Any]: ...
+
+
+class KindConnections:
+    """One NATS connection per kind of actor, logged in as that kind; opened only for the kinds
+    this process runs (`connect`), so `memgate actors --only governance` opens one."""
+
+    def __init__(self, bus: Logins, *, timeout: float) -> None:
+        self._bus = bus
+        self._timeout = timeout
+        self._connections: dict[str, NatsClient] = {}
+
+    def _nc(self, kind: str) -> NatsClient:
+        return self._connections.setdefault(kind, NatsClient())
+
+    def client(self, kind: str) -> BusClient:
+        return BusClient(self._nc(kind), timeout=self._timeout)
+
+    def publisher(self, kind: str) -> EventPublisher:
+        return EventPublisher(self._nc(kind))
+
+    async def connect(self, kind: str, stack: AsyncExitStack) -> None:
+        nc = self._nc(kind)
+        if nc.is_connected:
+            return
+        await nc.connect(self._bus.url, name=f"memgate-{kind}", error_cb=_nats_error(kind),
+                         **self._bus.login(kind))
+        stack.push_async_callback(nc.drain)
+
+    def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
+        """A faststream broker for the subjects `kind` serves, on that kind's login."""
+        login = self._bus.login(kind)
+        security = (SASLPlaintext(username=login["user"], password=login["password"])
+                    if "user" in login else None)
+        return NatsBroker(self._bus.url, logger=None, graceful_timeout=graceful_timeout,
+                          security=security, name=f"memgate-{kind}-routes",
+                          error_cb=_nats_error(kind))
+
+
+def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:
+    """Log what the server refuses a login (a permissions violation names a subject only)."""
+
+    async def error(exc: Exception) -> None:
+        log.error("NATS (%s login): %s", kind, exc)
+
+    return error
