@@ -179,7 +179,7 @@ async def ask(running: Running, loaded: Sequence[Loaded], recall_ms: list[float]
                         "cosine": await rankers.cosine(rank),
                     }
                     for method, memory_ids in ranked.items():
-                        dialog = [item.dialog_ids.get(m, "") for m in memory_ids]
+                        dialog = [item.dialog_ids[m] for m in memory_ids]  # only ours exist
                         scores[method].append(
                             (sample_id, question.category,
                              evidence_recall(dialog, question.evidence))
