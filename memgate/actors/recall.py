@@ -155,7 +155,7 @@ class RecallActor:
         late_hidden = 0
         taken = 0
         while len(found) < query.limit and taken < len(fused):
-            batch = fused[taken: taken + 2 * (query.limit - len(found)) + HEAD_MARGIN]
+            batch = fused[taken: taken + query.limit - len(found) + HEAD_MARGIN]
             taken += len(batch)
             rows = (await self._storage.rows(RowsRequest(
                 filters=filters, memory_ids=[f.memory_id for f in batch]))).memories
