@@ -109,20 +109,31 @@ class EmbedderActor:
                 self._catalogs.popitem(last=False)
             return catalog
 
-    async def embed_missing(self, owner: Owner, catalog: Catalog) -> None:
-        """Embed the owner's versions that have no vector yet (texts fetched from storage)."""
-        missing = catalog.unembedded()
-        if not missing:
-            return
-        texts = await self._bus.request(subjects.store(self.partition, "texts"),
-                                        TextsRequest(owner=owner, memory_ids=missing), Texts)
-        if not texts.items:
+    async def embed_missing(self, catalogs: dict[Owner, Catalog]) -> None:
+        """Embed these owners' versions that have no vector yet (texts fetched from storage),
+        all in one model call: under load a batch of events spans many owners, and a call per
+        owner would embed a text or two at a time."""
+        fetched: list[tuple[Owner, Catalog, list[str]]] = []
+        texts: list[str] = []
+        for owner, catalog in catalogs.items():
+            missing = catalog.unembedded()
+            if not missing:
+                continue
+            reply = await self._bus.request(subjects.store(self.partition, "texts"),
+                                            TextsRequest(owner=owner, memory_ids=missing), Texts)
+            if reply.items:
+                fetched.append((owner, catalog, [item.memory_id for item in reply.items]))
+                texts += [item.text for item in reply.items]
+        if not texts:
             return
         assert self._embedder is not None, "start() first"
-        ids = [item.memory_id for item in texts.items]
-        matrix = await self._model_thread(self._embedder.embed, [i.text for i in texts.items])
-        await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id, ids, matrix)
-        catalog.set_vectors(ids, matrix)
+        matrix = await self._model_thread(self._embedder.embed, texts)
+        start = 0
+        for owner, catalog, ids in fetched:
+            rows = matrix[start:start + len(ids)]
+            start += len(ids)
+            await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id, ids, rows)
+            catalog.set_vectors(ids, rows)
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored: dict[Owner, int] = {}
@@ -132,8 +143,8 @@ class EmbedderActor:
                 stored[event.owner] = max(stored.get(event.owner, 0), event.seq)
             elif isinstance(event, MemoriesDeleted):
                 deleted[event.owner].extend(event.memory_ids)
-        for owner, seq in stored.items():
-            await self.embed_missing(owner, await self.catch_up(owner, seq))
+        await self.embed_missing({owner: await self.catch_up(owner, seq)
+                                  for owner, seq in stored.items()})
         for owner, ids in deleted.items():
             await self._store_thread(self.vectors.delete, ids)
             catalog = self._catalogs.get(owner)
