@@ -16,6 +16,11 @@ from memgate.contracts import Done, NatsAgents
 from memgate.contracts.errors import UnavailableError
 
 
+# At start the directory may not listen yet: ask again for up to 100 × 50 ms = 5 s.
+SYNC_ATTEMPTS = 100
+SYNC_RETRY_S = 0.05
+
+
 class NatsAuthorityActor:
     name = "nats-authority"
 
@@ -44,14 +49,14 @@ class NatsAuthorityActor:
         await self.apply(parse(NatsAgents, payload))
         return Done()
 
-    async def sync(self, attempts: int = 100) -> None:
+    async def sync(self, attempts: int = SYNC_ATTEMPTS) -> None:
         """At start: load the agents the directory already knows (waiting for it to listen)."""
         for _ in range(attempts - 1):
             try:
                 agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
                 break
             except UnavailableError:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(SYNC_RETRY_S)
         else:
             agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
         await self.apply(agents)

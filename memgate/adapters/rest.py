@@ -54,6 +54,10 @@ PathId = Annotated[str, Path(min_length=1, max_length=ID_MAX)]
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
+# A ready actor answers in about a millisecond; a probe must not hang on one that is not.
+READY_TIMEOUT_S = 2.0
+
+
 def _problems(exc: RequestValidationError) -> list[dict[str, str]]:
     """What FastAPI found wrong, by field and rule (never the input, which may be personal)."""
     return [{"field": ".".join(str(p) for p in err["loc"][1:]) or str(err["loc"][0]),
@@ -125,7 +129,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def healthz() -> JSONResponse:
         bus = state["bus"]
         replies = await asyncio.gather(
-            *(bus.request(s, b"{}", Ready, timeout=2.0) for s in ready_subjects),
+            *(bus.request(s, b"{}", Ready, timeout=READY_TIMEOUT_S) for s in ready_subjects),
             return_exceptions=True)
         waiting = [s.removeprefix("mem.int.ready.")
                    for s, r in zip(ready_subjects, replies, strict=True)

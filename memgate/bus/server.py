@@ -29,6 +29,12 @@ INTERNAL_ACCOUNT = "MEMGATE"
 MAX_PAYLOAD = 8 * 1024 * 1024  # twice the REST body limit (Settings.max_body_bytes): the envelope
 
 
+START_TIMEOUT_S = 5.0  # ready in ~15 ms when the port is free (DEPENDENCY-NOTES)
+START_POLL_S = 0.01
+RELOAD_TIMEOUT_S = 10.0  # a reload is logged within milliseconds; this bounds a stuck server
+STOP_TIMEOUT_S = 10.0  # JetStream flushes its files on SIGTERM; after this, SIGKILL
+
+
 def nats_server_binary() -> Path:
     """The `nats-server` installed beside this interpreter (works in an unactivated venv)."""
     name = "nats-server.exe" if os.name == "nt" else "nats-server"
@@ -133,13 +139,14 @@ class EmbeddedNats:
         )
         self._log_reader = asyncio.create_task(self._read_log(), name="nats-server.log")
         ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"
-        for _ in range(500):
+        deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+        while asyncio.get_running_loop().time() < deadline:
             if ports_file.exists() and ports_file.stat().st_size:
                 self.url = json.loads(ports_file.read_text())["nats"][0]
                 return self
             if self._process.returncode is not None:
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(START_POLL_S)  # the server announces its port only in a file
         await self.stop()
         raise RuntimeError("nats-server did not start (is the port free?)")
 
@@ -166,13 +173,13 @@ class EmbeddedNats:
             expected = self._reloads + 1
             self._process.send_signal(signal.SIGHUP)
             await asyncio.wait_for(
-                self._reloaded.wait_for(lambda: self._reloads >= expected), 10)
+                self._reloaded.wait_for(lambda: self._reloads >= expected), RELOAD_TIMEOUT_S)
 
     async def stop(self) -> None:
         if self._process is not None and self._process.returncode is None:
             self._process.terminate()
             try:
-                await asyncio.wait_for(self._process.wait(), 10)
+                await asyncio.wait_for(self._process.wait(), STOP_TIMEOUT_S)
             except TimeoutError:
                 self._process.kill()
                 await self._process.wait()

@@ -114,6 +114,10 @@ class OutboxRelay:
 # A batch takes well under a second; a short ack wait bounds the redelivery of any message
 # handed to a pull request that its subscriber abandoned (for instance at shutdown).
 ACK_WAIT_S = 5.0
+# How long one pull waits for messages; it also bounds how long a stop waits for the pull.
+FETCH_WAIT_S = 0.5
+# After a failed fetch (connection trouble): the server keeps the messages meanwhile.
+FETCH_BACKOFF_S = 1.0
 MAX_DELIVER = 5
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)  # before the 2nd, 3rd, ... delivery of a failing message
 
@@ -166,7 +170,7 @@ class DurableConsumer:
         self._stopping = True
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+                await asyncio.wait_for(asyncio.shield(self._task), ACK_WAIT_S)
             except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
@@ -180,12 +184,12 @@ class DurableConsumer:
     async def _pull(self, subscription: JetStreamContext.PullSubscription) -> None:
         while not self._stopping:
             try:
-                messages = await subscription.fetch(self._batch, timeout=0.5)
+                messages = await subscription.fetch(self._batch, timeout=FETCH_WAIT_S)
             except TimeoutError:
                 continue
             except Exception as exc:  # connection trouble: back off, the server keeps the messages
                 log.warning("%s: fetch failed (%s)", self._durable, type(exc).__name__)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(FETCH_BACKOFF_S)
                 continue
             await self._handle(messages)
             if len(messages) < self._batch:
