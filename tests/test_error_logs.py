@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from memgate.contracts.errors import InternalError
-from memgate.storage.memories import MemoryStore
+from memgate.storage.memories import MemoryStore, Remember
 from tests.conftest import Memgate
 
 SECRET = "zebracorn-7f3a-the-vault-code-is-4711"
@@ -16,10 +16,10 @@ SECRET = "zebracorn-7f3a-the-vault-code-is-4711"
 async def test_an_internal_error_logs_its_traceback_but_not_the_memory_text(
         memgate: Memgate, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    def broken_remember(self: MemoryStore, *args: object, text: str, **kwargs: object) -> None:
-        raise RuntimeError(f"could not store {text!r}")
+    def broken_remember(self: MemoryStore, items: list[Remember], *args: object) -> None:
+        raise RuntimeError(f"could not store {items[0].text!r}")
 
-    monkeypatch.setattr(MemoryStore, "remember", broken_remember)
+    monkeypatch.setattr(MemoryStore, "_remember_all", broken_remember)
     agent = await memgate.new_agent("bus")
     with caplog.at_level(logging.ERROR, logger="memgate"), pytest.raises(InternalError):
         await agent.remember("notes", f"remember this: {SECRET}")
