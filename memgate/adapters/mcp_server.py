@@ -13,7 +13,6 @@ credential is each request's `Authorization: Bearer` header) and stdio (`serve_s
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import nats
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -29,7 +27,6 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from nats.errors import MaxPayloadError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -45,7 +42,7 @@ from memgate.contracts import (
     RecallResult, RememberRequest, RememberResult,
 )
 from memgate.contracts.errors import (
-    InternalError, MethodNotAllowedError, PayloadTooLargeError, UnauthenticatedError,
+    InternalError, MethodNotAllowedError, UnauthenticatedError,
     UnavailableError,
 )
 
@@ -143,8 +140,6 @@ class MemoryTools:
             result = await self._bus.command(tool.subject, self._credential(ctx), body, tool.result)
         except MemgateError as exc:
             return tool_error(exc)
-        except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
-            return tool_error(PayloadTooLargeError("the call exceeds the bus's payload limit"))
         except Exception as exc:  # a bug or a broken connection: where, never its message
             log.error("MCP tool %s failed: %s", tool.name, traceback_summary(exc))
             return tool_error(InternalError("internal error"))
@@ -236,21 +231,17 @@ class McpHttpEndpoint:
         return None
 
 
-async def _nats_error(exc: Exception) -> None:
-    log.warning("NATS: %s", type(exc).__name__)
-
-
 async def serve_stdio(nats_url: str, token: str | None, *, timeout: float = 10.0,
                       nats_options: dict[str, Any] | None = None) -> None:
     """Serve the tools on stdin/stdout until the client closes stdin (`memgate mcp`).
 
     Raises `TimeoutError` when NATS cannot be reached (or refuses the login) within `timeout`.
     """
-    nc = await asyncio.wait_for(nats.connect(nats_url, name="memgate-mcp", error_cb=_nats_error,
-                                             **(nats_options or {})), timeout)
+    bus = await BusClient.connect(nats_url, name="memgate-mcp", timeout=timeout,
+                                  connect_timeout=timeout, **(nats_options or {}))
     try:
-        server = MemoryTools(BusClient(nc, timeout=timeout), credential=lambda _: token).server()
+        server = MemoryTools(bus, credential=lambda _: token).server()
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
-        await nc.drain()
+        await bus.close()

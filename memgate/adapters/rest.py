@@ -15,12 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
-import nats
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from nats.errors import MaxPayloadError
 
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
@@ -35,7 +33,7 @@ from memgate.contracts import (
 )
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.errors import (
-    PayloadTooLargeError, UnauthenticatedError, ValidationFailedError,
+    UnauthenticatedError, ValidationFailedError,
 )
 from memgate.contracts.internal import Ready
 from memgate.contracts.registry import (
@@ -81,13 +79,13 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nc = await nats.connect(nats_url, name="memgate-rest", **(nats_options or {}))
-        state["bus"] = BusClient(nc, timeout=timeout)
+        state["bus"] = await BusClient.connect(nats_url, name="memgate-rest", timeout=timeout,
+                                               **(nats_options or {}))
         try:
             async with mcp.serving(state["bus"]):
                 yield
         finally:
-            await nc.drain()
+            await state["bus"].close()
 
     app = FastAPI(title="memgate", version="0.1.0", lifespan=lifespan,
                   description="Governed long-term memory for AI agents.")
@@ -120,10 +118,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def call(subject: str, result: type[T], token: HTTPAuthorizationCredentials | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
         credential = token.credentials if token else None
-        try:
-            return await state["bus"].command(subject, credential, body, result, params=params)
-        except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
-            raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
+        return await state["bus"].command(subject, credential, body, result, params=params)
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))
     async def healthz() -> JSONResponse:

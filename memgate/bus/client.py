@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import nats
 from pydantic import ValidationError
-from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
+from nats.aio.client import Client as NatsConnection
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from memgate.bus import subjects
@@ -20,9 +22,10 @@ from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
 )
-from memgate.contracts.errors import UnavailableError
+from memgate.contracts.errors import PayloadTooLargeError, UnavailableError
 
 T = TypeVar("T", bound=Contract)
+log = logging.getLogger("memgate.bus")
 
 
 def _build(model: type[T], **fields: Any) -> T:
@@ -36,9 +39,27 @@ def _build(model: type[T], **fields: Any) -> T:
 class BusClient:
     """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies."""
 
-    def __init__(self, nc: NATS, *, timeout: float = 10.0) -> None:
+    def __init__(self, nc: NatsConnection, *, timeout: float = 10.0) -> None:
         self._nc = nc
         self._timeout = timeout
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str, timeout: float = 10.0,
+                      connect_timeout: float | None = None, **options: Any) -> BusClient:
+        """A client on a connection of its own (`close()` drains it). With `connect_timeout`,
+        an unreachable NATS or a refused login raises `TimeoutError` after that many seconds."""
+
+        async def error(exc: Exception) -> None:  # the type only: the URL may hold a password
+            log.warning("NATS (%s): %s", name, type(exc).__name__)
+
+        connecting = nats.connect(url, name=name, error_cb=error, **options)
+        nc = await (connecting if connect_timeout is None
+                    else asyncio.wait_for(connecting, connect_timeout))
+        return cls(nc, timeout=timeout)
+
+    async def close(self) -> None:
+        """Let outstanding requests finish, then close the connection."""
+        await self._nc.drain()
 
     async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
                       *, timeout: float | None = None) -> T:
@@ -46,9 +67,12 @@ class BusClient:
         try:
             msg = await self._nc.request(subject, data, timeout=timeout or self._timeout)
         except NoRespondersError:
-            raise UnavailableError("no actor answers on this subject", {"subject": subject}) from None
+            raise UnavailableError("no actor answers on this subject",
+                                   {"subject": subject}) from None
         except NatsTimeoutError:
             raise UnavailableError("the request timed out", {"subject": subject}) from None
+        except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
+            raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
         return decode_reply(msg.data, result_type)
 
     async def publish(self, subject: str, fact: dict[str, Any]) -> None:
@@ -75,7 +99,7 @@ class MemgateClient:
     Failures raise the typed exceptions of `contracts.errors` (each with `.code`).
     """
 
-    def __init__(self, nc: NATS, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, nc: NatsConnection, token: str, *, timeout: float = 10.0) -> None:
         self._nc = nc
         self._bus = BusClient(nc, timeout=timeout)
         self._token = token

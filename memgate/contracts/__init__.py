@@ -17,7 +17,8 @@ from memgate.contracts.reply import REPLY, Envelope, ErrorBody, Failure, Ok
 
 __all__ = [
     "ERROR_TYPES", "HTTP_STATUS", "REPLY", "AddMember", "Contract", "CreateCredential",
-    "CreateNatsAgent", "CreateWorkspace", "DeleteOwnMemories", "NatsAgentCreated", "NatsAgentKey", "NatsAgents", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
+    "CreateNatsAgent", "CreateWorkspace", "DeleteOwnMemories", "NatsAgentCreated", "NatsAgentKey",
+    "NatsAgents", "CredentialCreated", "Done", "Envelope", "ErrorBody", "ErrorCode",
     "Failure", "ForgetRequest", "ForgetResult", "ListRequest", "ListResult", "MemberToken",
     "MemberView", "MemgateError", "MemoriesDeleted", "Memory", "MemoryStored", "Ok",
     "PatchMember", "Principal", "Ranks", "RecallRequest", "RecallResult", "RecalledMemory",

@@ -95,7 +95,8 @@ class DirectoryStore:
                              for row in self._db.execute(
             "SELECT credential_id, workspace_id, member_id, scopes, context_set_id, token_hash "
             "FROM credentials WHERE NOT revoked").fetchall()}
-        self._credential_tokens = {c.token_hash: c.credential_id for c in self._credentials.values()}
+        self._credential_tokens = {c.token_hash: c.credential_id
+                                   for c in self._credentials.values()}
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
