@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,14 @@ async def test_a_nats_login_the_server_did_not_apply_is_not_issued(tmp_path: Pat
         known = await directory.request("mem.int.dir.nats_agents", b"{}", timeout=5)
         assert json.loads(known.data)["result"]["agents"] == []  # nothing reported as issued
         await directory.close()
+
+
+async def test_nats_login_prints_the_login_a_kind_of_actor_uses(memgate: Memgate) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memgate.adapters", "nats-login", "governance",
+        "--data-dir", str(memgate.settings.data_dir), stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    printed = dict(line.split("=", 1) for line in out.decode().split())
+    login = memgate.bus.login("governance")
+    assert printed == {"MEMGATE_NATS_USER": login["user"],
+                       "MEMGATE_NATS_PASSWORD": login["password"]}

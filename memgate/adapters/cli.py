@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
+from memgate.app.system import internal_logins
 from memgate.app.serve import run_actors, serve
 from memgate.app.supervisor import ChildFailedError
 from memgate.adapters.mcp_server import serve_stdio
@@ -136,6 +137,24 @@ def actors(
     if settings.nats_url is None:
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
     asyncio.run(run_actors(settings, frozenset(only.split(","))))
+
+
+@app.command("nats-login")
+def nats_login(
+    kind: Annotated[str, typer.Argument(help="the actor kind, e.g. governance or recall")],
+    data_dir: Annotated[Path | None, typer.Option(help="the data directory of memgate up")] = None,
+) -> None:
+    """Print the NATS login of one actor kind of the embedded server, as environment variables,
+    for `memgate actors --only KIND` on another machine (the secret is shown on request only)."""
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    if not (settings.data_dir / "nats" / "internal.secret").exists():
+        raise typer.BadParameter(f"no memgate has run on {settings.data_dir}",
+                                 param_hint="--data-dir")
+    logins = internal_logins(settings)
+    if kind not in logins:
+        raise typer.BadParameter(f"one of {', '.join(sorted(logins))}", param_hint="KIND")
+    typer.echo(f"MEMGATE_NATS_USER={logins[kind].user}")
+    typer.echo(f"MEMGATE_NATS_PASSWORD={logins[kind].password}")
 
 
 # --- admin: the same calls as the REST admin API ---
