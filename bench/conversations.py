@@ -175,8 +175,8 @@ async def ask(running: Running, loaded: Sequence[Loaded], recall_ms: list[float]
                     )
                     ranked = {
                         "fused": [m.memory_id for m in result.memories],
-                        "bm25": await rankers.bm25(rank),
-                        "cosine": await rankers.cosine(rank),
+                        "bm25": (await rankers.bm25(rank)).memory_ids,
+                        "cosine": (await rankers.cosine(rank)).memory_ids,
                     }
                     for method, memory_ids in ranked.items():
                         dialog = [item.dialog_ids[m] for m in memory_ids]  # only ours exist

@@ -21,8 +21,8 @@ from memgate.contracts import (
 )
 from memgate.contracts.errors import UnauthenticatedError, UnavailableError
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, OwnedText, RankRequest, RecallFilters, RecallScope, Rows,
-    RowsRequest, StoreForget, StoreQuery, StoreRemember, Texts, TextsRequest,
+    CatalogRequest, CatalogRows, Neighbours, OwnedText, Ranking, RankRequest, RecallFilters,
+    RecallScope, Rows, RowsRequest, StoreForget, StoreQuery, StoreRemember, Texts, TextsRequest,
 )
 from memgate.contracts.registry import CheckRemember, Citation, Scope, Verification
 from memgate.ports.bus import BatchHandler
@@ -231,15 +231,25 @@ class FakeRankers:
     bm25_ids: list[str] = field(default_factory=list)
     cosine_ids: list[str] = field(default_factory=list)
     requests: list[RankRequest] = field(default_factory=list)
+    sequence: list[str] = field(default_factory=list)  # remembered in this order (neighbours)
 
-    async def bm25(self, request: RankRequest) -> list[str]:
+    def _ranking(self, ids: list[str], request: RankRequest) -> Ranking:
+        listed = [i for i in ids if i not in request.exclude]
+        allowed = [i for i in self.sequence if i not in request.exclude]
+        width = request.neighbours
+        around = {i: Neighbours(before=allowed[max(0, at - width): at][::-1],
+                                after=allowed[at + 1: at + 1 + width])
+                  for at, i in enumerate(allowed) if i in listed and width}
+        return Ranking(memory_ids=listed, neighbours=around)
+
+    async def bm25(self, request: RankRequest) -> Ranking:
         self.requests.append(request)
-        return [i for i in self.bm25_ids if i not in request.exclude]
+        return self._ranking(self.bm25_ids, request)
 
-    async def cosine(self, request: RankRequest) -> list[str]:
+    async def cosine(self, request: RankRequest) -> Ranking:
         assert request.vector is not None, "recall sends the query's vector"
         self.requests.append(request)
-        return [i for i in self.cosine_ids if i not in request.exclude]
+        return self._ranking(self.cosine_ids, request)
 
 
 class FakeEmbedder:

@@ -162,4 +162,6 @@ class EmbedderActor:
         else:
             query = await self._batcher.embed(request.query)
         mask = catalog.allowed(request.filters, request.exclude)
-        return Ranking(memory_ids=catalog.nearest(query, mask, request.depth))
+        ranked = catalog.nearest(query, mask, request.depth)
+        return Ranking(memory_ids=ranked,
+                       neighbours=catalog.neighbours(ranked, mask, request.neighbours))

@@ -144,4 +144,8 @@ class IndexerActor:
         else:
             allowed = [ids[row] for row in np.flatnonzero(mask)]
             ranked = await self._serial(index.rank, request.query, allowed, request.depth)
-        return Ranking(memory_ids=ranked)
+        if not request.neighbours:
+            return Ranking(memory_ids=ranked)
+        mask = catalog.allowed(request.filters, request.exclude)  # the rows may have changed
+        return Ranking(memory_ids=ranked,
+                       neighbours=catalog.neighbours(ranked, mask, request.neighbours))

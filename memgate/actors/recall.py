@@ -12,8 +12,13 @@
 4. the cosine channel has a deadline covering query embedding and scoring, counted from the
    start of the recall: when it passes, the answer goes out without it, `degraded: ["cosine"]`;
    BM25 has a deadline of its own (`degraded: ["bm25"]`);
-5. Reciprocal Rank Fusion with k; storage reads only the fused head's rows (those that still
-   exist and match), and the next ones are taken until `limit` are shown; ties go to the newer.
+5. Reciprocal Rank Fusion with k and per-channel weights, then the sequence window
+   (`policy/sequence.py`): the BM25 matches among the fused head lend to the memories
+   remembered next to them in their namespace (the indexer reports those neighbours, under the
+   same filters, hidden ones out);
+6. storage reads only the head's rows (those that still exist and match), live citation
+   re-verification runs on them, and the next ones are taken until `limit` are shown; ties go
+   to the newer.
 
 Stateless apart from the read-only model: any number run in one queue group.
 """
@@ -21,7 +26,7 @@ Stateless apart from the read-only model: any number run in one queue group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -30,12 +35,15 @@ import numpy as np
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Memory, Ranks, RecalledMemory, RecallResult
 from memgate.contracts.errors import MemgateError
-from memgate.contracts.internal import RankRequest, RecallFilters, RecallQuery, RowsRequest
+from memgate.contracts.internal import (
+    Ranking, RankRequest, RecallFilters, RecallQuery, RowsRequest,
+)
 from memgate.contracts.registry import Verification
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
 from memgate.policy.citations import apply
 from memgate.policy.fusion import Fused, rrf
+from memgate.policy.sequence import Window, widen
 from memgate.ports.bus import Requester
 from memgate.ports.embedder import LoadEmbedder
 from memgate.ports.ranking import BusRankers, Rankers
@@ -47,7 +55,7 @@ QUEUE = "recall"
 HEAD_MARGIN = 5  # rows read beyond the limit, for hidden, deleted or superseded ones
 
 
-async def within(work: Awaitable[list[str]], seconds: float) -> list[str] | None:
+async def within(work: Awaitable[Ranking], seconds: float) -> Ranking | None:
     """A channel's ranking, or None when it missed its deadline or is unavailable."""
     try:
         return await asyncio.wait_for(work, max(seconds, 0.0))
@@ -61,14 +69,19 @@ class RecallActor:
     def __init__(self, *, storage: Storage, registry: Registry, rankers: Rankers,
                  embedder: LoadEmbedder, window: int | None, rrf_k: int,
                  cosine_deadline_ms: int, bm25_deadline_ms: int, batch: int,
-                 depth: int = 100) -> None:
+                 depth: int = 100, depth_bm25: int | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 sequence: Window | None = None) -> None:
         self._storage = storage
         self._registry = registry
         self._rankers = rankers
         self._load = embedder
         self._window = window
         self._depth = depth
+        self._depth_bm25 = depth if depth_bm25 is None else min(depth, depth_bm25)
         self._k = rrf_k
+        self._weights = dict(weights or {})
+        self._sequence = sequence or Window(width=0)
         self._cosine_deadline = cosine_deadline_ms / 1000
         self._bm25_deadline = bm25_deadline_ms / 1000
         self._batch = batch
@@ -78,13 +91,16 @@ class RecallActor:
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int, model: Path, tokenizer: Path,
                window: int | None, rrf_k: int, cosine_deadline_ms: int, bm25_deadline_ms: int,
-               batch: int, depth: int = 100) -> RecallActor:
+               batch: int, depth: int = 100, depth_bm25: int | None = None,
+               weights: Mapping[str, float] | None = None,
+               sequence: Window | None = None) -> RecallActor:
         """Recall whose collaborators are the other actors over `bus`, with the ONNX model."""
         return cls(storage=BusStorage(bus, partitions=partitions), registry=BusRegistry(bus),
                    rankers=BusRankers(bus, partitions=partitions),
                    embedder=partial(OnnxEmbedder, model, tokenizer), window=window, rrf_k=rrf_k,
                    cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
-                   batch=batch, depth=depth)
+                   batch=batch, depth=depth, depth_bm25=depth_bm25, weights=weights,
+                   sequence=sequence)
 
     async def start(self) -> None:
         encoder = await self._thread(self._load)
@@ -103,7 +119,7 @@ class RecallActor:
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
-    async def _cosine(self, request: RankRequest, vector: asyncio.Future[np.ndarray]) -> list[str]:
+    async def _cosine(self, request: RankRequest, vector: asyncio.Future[np.ndarray]) -> Ranking:
         return await self._rankers.cosine(
             request.model_copy(update={"vector": (await vector).tolist()}))
 
@@ -126,8 +142,13 @@ class RecallActor:
                 return RecallResult(memories=[], hidden=len(hidden))
             rank = RankRequest(filters=filters, query=query.query, depth=self._depth,
                                min_seq=scope.high_seq, exclude=sorted(hidden))
+            # only the memories that match the words lend to their neighbours: the indexer
+            # reports the neighbours of its matches
+            words = rank.model_copy(update={
+                "depth": self._depth_bm25,
+                "neighbours": self._sequence.width if self._sequence.on else 0})
             bm25, cosine = await asyncio.gather(
-                within(self._rankers.bm25(rank), self._bm25_deadline),
+                within(self._rankers.bm25(words), self._bm25_deadline),
                 within(self._cosine(rank, vector),
                        self._cosine_deadline - (loop.time() - started)))
         finally:
@@ -136,9 +157,14 @@ class RecallActor:
         matches = {i: n for i, n in verdict.entity_matches.items() if i not in hidden}
         entity = sorted(matches, key=lambda memory_id: (-matches[memory_id],
                                                         newest_first.get(memory_id, 0)))
-        channels = {"bm25": bm25, "cosine": cosine, "entity": entity}
+        channels = {"bm25": bm25 and bm25.memory_ids, "cosine": cosine and cosine.memory_ids,
+                    "entity": entity}
         degraded = [name for name, ids in channels.items() if ids is None]
-        fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k)
+        fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k, self._weights)
+        if bm25 is not None:
+            fused = widen(fused, {memory_id: (around.before, around.after)
+                                  for memory_id, around in bm25.neighbours.items()},
+                          self._sequence)
         shown, late_hidden = await self._head(query, filters, verdict, set(scope.cited), fused)
         memories = [RecalledMemory(**m.model_dump(), score=f.score, ranks=Ranks(**f.ranks))
                     for m, f in shown]

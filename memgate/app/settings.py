@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from memgate.policy.sequence import Window
+
 BUNDLED_TOKENIZER = (Path(__file__).resolve().parent.parent
                      / "embedding/models/minilm/tokenizer.json")
 
@@ -45,6 +47,17 @@ class Settings(BaseSettings):
     recall_window: int | None = Field(default=None, ge=1)
     recall_depth: int = Field(default=100, ge=1, le=1000)  # ids each channel returns to fuse
     recall_rrf_k: int = Field(default=60, ge=1)
+    # Each channel's weight in the fusion: score = Σ w / (k + rank) (1, 1, 1: plain RRF).
+    recall_weight_bm25: float = Field(default=1.0, ge=0)
+    recall_weight_cosine: float = Field(default=1.0, ge=0)
+    recall_weight_entity: float = Field(default=1.0, ge=0)
+    # BM25 ids fused (at most recall_depth): matches beyond the first few are mostly noise.
+    recall_depth_bm25: int = Field(default=30, ge=1, le=1000)
+    # The sequence window over the fused scores (policy/sequence.py); width 0 turns it off.
+    recall_sequence_width: int = Field(default=2, ge=0, le=8)
+    recall_sequence_weight: float = Field(default=0.5, ge=0)
+    recall_sequence_decay: float = Field(default=0.8, gt=0, le=1)
+    recall_sequence_head: int = Field(default=5, ge=1, le=100)
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)
     # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.
     recall_bm25_deadline_ms: int = Field(default=10_000, ge=1)
@@ -52,6 +65,14 @@ class Settings(BaseSettings):
     embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
     embedding_tokenizer: Path = BUNDLED_TOKENIZER
     embedding_batch: int = Field(default=32, ge=1, le=256)
+
+    def recall_weights(self) -> dict[str, float]:
+        return {"bm25": self.recall_weight_bm25, "cosine": self.recall_weight_cosine,
+                "entity": self.recall_weight_entity}
+
+    def recall_sequence(self) -> Window:
+        return Window(width=self.recall_sequence_width, weight=self.recall_sequence_weight,
+                      decay=self.recall_sequence_decay, head=self.recall_sequence_head)
 
     def model_path(self) -> Path:
         return self.embedding_model or default_model()

@@ -138,10 +138,20 @@ class RankRequest(Contract):
     min_seq: int = 0
     exclude: list[str] = Field(default_factory=list)
     vector: list[float] | None = None  # the query's embedding, when the caller has it
+    neighbours: int = Field(default=0, ge=0, le=8)  # per listed id, this many each way
+
+
+class Neighbours(Contract):
+    """The allowed versions remembered just before and just after one, in its namespace by
+    seq, nearest first (the sequence window's input)."""
+
+    before: list[str] = Field(default_factory=list)
+    after: list[str] = Field(default_factory=list)
 
 
 class Ranking(Contract):
     memory_ids: list[str]  # best first; versions that did not match are absent
+    neighbours: dict[str, Neighbours] = Field(default_factory=dict)  # when the request asks
 
 
 class PrincipalRequest(Contract):

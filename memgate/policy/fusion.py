@@ -1,7 +1,11 @@
-"""Reciprocal Rank Fusion (SPEC §3.5): score = Σ 1 / (k + rank), ranks counted from 1."""
+"""Reciprocal Rank Fusion (SPEC §3.5): score = Σ w_c / (k + rank_c), ranks counted from 1.
+
+Each channel's weight `w_c` is configuration (1 when not given: the plain RRF of the SPEC).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -12,13 +16,15 @@ class Fused:
     ranks: dict[str, int] = field(default_factory=dict)
 
 
-def rrf(rankings: dict[str, list[str]], k: int) -> list[Fused]:
+def rrf(rankings: dict[str, list[str]], k: int,
+        weights: Mapping[str, float] | None = None) -> list[Fused]:
     """Fuse ranked lists of ids; best first, ties kept in first-seen order (stable)."""
     scores: dict[str, float] = {}
     ranks: dict[str, dict[str, int]] = {}
     for channel, ids in rankings.items():
+        weight = 1.0 if weights is None else weights.get(channel, 1.0)
         for rank, memory_id in enumerate(ids, start=1):
-            scores[memory_id] = scores.get(memory_id, 0.0) + 1.0 / (k + rank)
+            scores[memory_id] = scores.get(memory_id, 0.0) + weight / (k + rank)
             ranks.setdefault(memory_id, {})[channel] = rank
     order = sorted(scores, key=lambda memory_id: -scores[memory_id])
     return [Fused(memory_id, scores[memory_id], ranks[memory_id]) for memory_id in order]

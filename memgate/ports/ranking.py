@@ -11,11 +11,12 @@ from memgate.runtime.actor import partition_of
 
 
 class Rankers(Protocol):
-    async def bm25(self, request: RankRequest) -> list[str]:
-        """The allowed versions that match the query's words, best first."""
+    async def bm25(self, request: RankRequest) -> Ranking:
+        """The allowed versions that match the query's words, best first (and their
+        neighbours, when the request asks)."""
         ...
 
-    async def cosine(self, request: RankRequest) -> list[str]:
+    async def cosine(self, request: RankRequest) -> Ranking:
         """The allowed versions that have vectors, most similar to `request.vector` first."""
         ...
 
@@ -27,12 +28,10 @@ class BusRankers:
         self._bus = bus
         self._partitions = partitions
 
-    async def bm25(self, request: RankRequest) -> list[str]:
+    async def bm25(self, request: RankRequest) -> Ranking:
         partition = partition_of(request.filters.owner.tenant, self._partitions)
-        return (await self._bus.request(subjects.index(partition, "rank"), request,
-                                        Ranking)).memory_ids
+        return await self._bus.request(subjects.index(partition, "rank"), request, Ranking)
 
-    async def cosine(self, request: RankRequest) -> list[str]:
+    async def cosine(self, request: RankRequest) -> Ranking:
         partition = partition_of(request.filters.owner.tenant, self._partitions)
-        return (await self._bus.request(subjects.embed(partition, "rank"), request,
-                                        Ranking)).memory_ids
+        return await self._bus.request(subjects.embed(partition, "rank"), request, Ranking)

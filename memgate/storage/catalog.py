@@ -18,9 +18,12 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from memgate.contracts.internal import CatalogRows, RecallFilters
+from memgate.contracts.internal import CatalogRows, Neighbours, RecallFilters
 
 NEVER = np.iinfo(np.int64).max  # superseded_at of a version that is still current
+# A neighbour lookup looks this many places each way at most: versions the filters leave out
+# (superseded, other collections) are skipped, but never a whole namespace per result.
+NEIGHBOUR_REACH = 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -68,6 +71,9 @@ class Catalog:
         self._codes: dict[str | None, int] = {None: 0}  # namespace and collection names → codes
         self._n = 0
         self._c = _Columns.empty(64, dim)
+        # Per namespace code, its rows in seq order; a row's place in it (the sequence window).
+        self._sequence: dict[int, list[int]] = {}
+        self._place: list[int] = []
 
     def __len__(self) -> int:
         return self._n
@@ -113,6 +119,8 @@ class Catalog:
             c.seq[row] = rows.seqs[i]
             c.created[row] = created
             c.superseded[row] = NEVER if superseded is None else micros(superseded)
+            if row == len(self._place):
+                self._place.append(self._enter(self._code(rows.namespaces[i]), row))
             c.namespace[row] = self._code(rows.namespaces[i])
             c.collection[row] = self._code(rows.collection_ids[i])
             c.hold[row] = rows.legal_hold[i]
@@ -121,6 +129,21 @@ class Catalog:
                 self._supersede((rows.namespaces[i], key), memory_id, created, superseded is None)
         self.seq = max(self.seq, rows.high_seq)
         return added
+
+    def _enter(self, namespace: int, row: int) -> int:
+        """Append a new row to its namespace's sequence (storage reports versions oldest first;
+        one that is not is placed by seq, and the places after it shift)."""
+        sequence = self._sequence.setdefault(namespace, [])
+        seq = self._c.seq[row]
+        if sequence and self._c.seq[sequence[-1]] > seq:
+            sequence.append(row)
+            sequence.sort(key=lambda r: int(self._c.seq[r]))
+            for place, other in enumerate(sequence):
+                if other < len(self._place):
+                    self._place[other] = place
+            return sequence.index(row)
+        sequence.append(row)
+        return len(sequence) - 1
 
     def _supersede(self, key: tuple[str, str], memory_id: str, created: int, live: bool) -> None:
         """As storage does: a new version of a key ends the current one at its creation."""
@@ -153,6 +176,14 @@ class Catalog:
         self._c, self._n = fresh, kept
         self._ids = [i for i, k in zip(self._ids, keep, strict=True) if k]
         self._row = {memory_id: row for row, memory_id in enumerate(self._ids)}
+        self._sequence, self._place = {}, []
+        for row in np.argsort(self._c.seq[:kept], kind="stable"):
+            sequence = self._sequence.setdefault(int(self._c.namespace[row]), [])
+            sequence.append(int(row))
+        self._place = [0] * kept
+        for sequence in self._sequence.values():
+            for place, row in enumerate(sequence):
+                self._place[row] = place
         for memory_id in memory_ids:
             key = self._keys.pop(memory_id, None)
             if key is not None and self._live_keys.get(key) == memory_id:
@@ -180,6 +211,32 @@ class Catalog:
             mask = np.zeros(n, bool)
             mask[newest] = True
         return mask
+
+    def neighbours(self, memory_ids: Collection[str], mask: np.ndarray, width: int,
+                   ) -> dict[str, Neighbours]:
+        """For each of `memory_ids`, the `width` allowed versions remembered just before it and
+        just after it in its namespace (by seq, nearest first). Each lookup
+        walks out from the version's place, skipping the versions the mask leaves out (within
+        `NEIGHBOUR_REACH` places, so that the relation stays symmetric)."""
+        found: dict[str, Neighbours] = {}
+        if width <= 0:
+            return found
+        for memory_id in memory_ids:
+            row = self._row.get(memory_id)
+            if row is None:
+                continue
+            sequence = self._sequence[int(self._c.namespace[row])]
+            place = self._place[row]
+            sides: tuple[list[str], list[str]] = ([], [])
+            for side, step in zip(sides, (-1, 1), strict=True):
+                at = place + step
+                while (0 <= at < len(sequence) and len(side) < width
+                       and abs(at - place) <= NEIGHBOUR_REACH):
+                    if mask[sequence[at]]:
+                        side.append(self._ids[sequence[at]])
+                    at += step
+            found[memory_id] = Neighbours(before=sides[0], after=sides[1])
+        return found
 
     # --- vectors (a catalog made with `dim`) ---
 

@@ -95,3 +95,33 @@ def test_many_versions_grow_the_columns() -> None:
     mask = catalog.allowed(RecallFilters(owner=OWNER, window=8))
     nearest = catalog.nearest(np.eye(4, dtype=np.float32)[1], mask, depth=5)
     assert len(nearest) == 5 and set(nearest[:2]) == {"m293", "m297"}
+
+
+def neighbours(catalog: Catalog, ids: list[str], width: int, exclude: tuple[str, ...] = (),
+               **filters: object) -> dict[str, tuple[list[str], ...]]:
+    mask = catalog.allowed(RecallFilters(owner=OWNER, **filters), exclude)  # type: ignore[arg-type]
+    return {i: (n.before, n.after) for i, n in catalog.neighbours(ids, mask, width).items()}
+
+
+def test_neighbours_are_the_allowed_versions_next_to_one_in_its_namespace_by_seq() -> None:
+    catalog = Catalog()
+    catalog.apply(rows(("a", 1, "chat", None, None), ("x", 2, "other", None, None),
+                       ("b", 3, "chat", "k", None), ("c", 4, "chat", None, None)))
+    catalog.apply(rows(("b2", 5, "chat", "k", None), ("d", 6, "chat", None, None),
+                       ("e", 7, "chat", None, None)))
+    # x lives in another namespace; b was superseded by b2; e is hidden
+    assert neighbours(catalog, ["c", "a", "x"], 2, exclude=("e",)) == {
+        "c": (["a"], ["b2", "d"]), "a": ([], ["c", "b2"]), "x": ([], [])}
+    assert neighbours(catalog, ["d"], 1, namespace="chat") == {"d": (["b2"], ["e"])}
+    assert neighbours(catalog, ["d"], 0) == {}
+    assert neighbours(catalog, ["unknown"], 1) == {}
+
+
+def test_neighbours_follow_seq_order_after_removals() -> None:
+    catalog = Catalog(dim=2)
+    catalog.apply(rows(("a", 1, "n", None, None), ("b", 2, "n", None, None),
+                       ("c", 3, "n", None, None)))
+    catalog.apply(rows(("late", 0, "n", None, None), high=3))  # reported out of seq order
+    assert neighbours(catalog, ["a"], 1) == {"a": (["late"], ["b"])}
+    catalog.remove(["b"])
+    assert neighbours(catalog, ["a", "c"], 1) == {"a": (["late"], ["c"]), "c": (["a"], [])}

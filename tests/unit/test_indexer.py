@@ -76,3 +76,12 @@ async def test_a_deleted_memory_leaves_the_index(world: World) -> None:
                                                        memory_ids=["a"]).to_json()])
     assert await world.rank("budget") == ["c"]
     assert "a" not in await world.rank("quarterly budget")
+
+
+async def test_rank_reports_the_neighbours_of_its_matches_when_asked(world: World) -> None:
+    await world.stored("a", "b", "c")
+    ranking = await world.bus.call(subjects.index("p0", "rank"), RankRequest(
+        filters=RecallFilters(owner=OWNER), query="lunch", depth=10, neighbours=2,
+        exclude=["c"]), Ranking)
+    assert ranking.memory_ids == ["b"]
+    assert ranking.neighbours["b"].model_dump() == {"before": ["a"], "after": []}  # c hidden

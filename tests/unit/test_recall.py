@@ -17,6 +17,7 @@ from memgate.contracts import Memory, RecallResult
 from memgate.contracts.internal import Owner, RecallQuery
 from memgate.contracts.registry import Citation, Verification
 from memgate.policy.fusion import rrf
+from memgate.policy.sequence import Window
 from tests.fakes import FakeEmbedder, FakeRankers, FakeRegistry, FakeStorage, Served, served
 
 pytestmark = pytest.mark.unit
@@ -51,12 +52,13 @@ class World:
 @asynccontextmanager
 async def recall_on(embedder: FakeEmbedder, *, cosine_deadline_ms: int = 5_000,
                     bm25_deadline_ms: int = 5_000,
-                    window: int | None = None) -> AsyncIterator[World]:
+                    window: int | None = None, sequence: Window | None = None,
+                    weights: dict[str, float] | None = None) -> AsyncIterator[World]:
     storage, registry, rankers = FakeStorage(), FakeRegistry(), FakeRankers()
     actor = RecallActor(storage=storage, registry=registry, rankers=rankers,
                         embedder=lambda: embedder, window=window, rrf_k=K,
                         cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
-                        batch=8)
+                        batch=8, depth_bm25=3, sequence=sequence, weights=weights)
     async with served(actor) as bus:
         yield World(bus, storage, registry, rankers)
 
@@ -163,3 +165,34 @@ async def test_the_operators_window_reaches_every_channel() -> None:
         await world.recall()
         assert world.storage.scopes[-1].window == 50
         assert {r.filters.window for r in world.rankers.requests} == {50}
+
+
+async def test_the_sequence_window_draws_in_the_neighbours_of_the_best_match() -> None:
+    sequence = Window(width=1, decay=1.0, weight=0.5, head=2)
+    async with recall_on(FakeEmbedder(), sequence=sequence) as world:
+        world.storage.memories = window("a", "b", "c", "d", "e", "f", cited=frozenset({"b"}))
+        world.rankers.sequence = ["a", "b", "c", "d", "e", "f"]  # remembered in this order
+        world.rankers.bm25_ids = ["c"]
+        world.rankers.cosine_ids = ["c", "f", "d", "e"]
+        world.registry.verdict = Verification(hidden=["b"])
+        result = await world.recall(limit=4)
+        # b is hidden: a takes its place as c's neighbour before it; f, a cosine match only,
+        # lends nothing to e; d gains but stays below c, which lent to it
+        assert [m.memory_id for m in result.memories] == ["c", "d", "a", "f"]
+        lent = 0.5 * 2 / (K + 1)
+        assert [m.score for m in result.memories] == pytest.approx(
+            [2 / (K + 1), 1 / (K + 3) + lent, lent, 1 / (K + 2)])
+        assert result.memories[2].ranks.model_dump() == {"bm25": None, "cosine": None,
+                                                         "entity": None}
+        assert sorted(r.neighbours for r in world.rankers.requests) == [0, 1]  # BM25 asks
+
+
+async def test_channel_weights_and_the_bm25_depth_reach_the_fusion() -> None:
+    async with recall_on(FakeEmbedder(), weights={"bm25": 3.0}) as world:
+        world.storage.memories = window("a", "b", "c", "d", "e")
+        world.rankers.bm25_ids = ["b", "a"]
+        world.rankers.cosine_ids = ["c"]
+        result = await world.recall()
+        assert [m.memory_id for m in result.memories] == ["b", "a", "c"]
+        assert result.memories[0].score == pytest.approx(3 / (K + 1))
+        assert {r.depth for r in world.rankers.requests} == {3, 100}
