@@ -93,11 +93,13 @@ class IndexerActor:
             rows = await self._bus.request(
                 subjects.store(self.partition, "catalog"),
                 CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
-            catalog.apply(rows)
+            # index the texts before the catalog admits the versions: a rank that finds the
+            # catalog caught up (outside the lock) must find their words too
             index = await self._index(owner)
-            missing = [i for i in catalog.ids if i not in index.ids]
+            missing = [i for i in rows.memory_ids if i not in index.ids]
             if missing:
                 await self._serial(index.add, await self._texts(owner, missing))
+            catalog.apply(rows)
             catalog.loaded = True
             self._catalogs.move_to_end(owner)
             while len(self._catalogs) > CATALOGS_KEPT:
