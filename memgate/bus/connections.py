@@ -55,11 +55,15 @@ class KindConnections:
         stack.push_async_callback(nc.drain)
 
     def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
-        """A faststream broker for the subjects `kind` serves, on that kind's login."""
+        """A faststream broker for the subjects `kind` serves, on that kind's login.
+
+        Without FastDepends (`apply_types=False`): `replying` handlers take the raw message and
+        parse it with their own model, so per-message argument models are pure overhead."""
         login = self._bus.login(kind)
         security = (SASLPlaintext(username=login["user"], password=login["password"])
                     if "user" in login else None)
-        return NatsBroker(self._bus.url, logger=None, graceful_timeout=graceful_timeout,
+        return NatsBroker(self._bus.url, logger=None, apply_types=False,
+                          graceful_timeout=graceful_timeout,
                           security=security, name=f"memgate-{kind}-routes",
                           error_cb=_nats_error(kind))
 
