@@ -139,7 +139,9 @@ class Load:
             cursor = page.next_cursor
 
     async def recalled(self, memory_id: str) -> bool:
-        found = await self.agent.recall(self.acked[memory_id], namespace="load", limit=3)
+        # by its unique word: every text also says "note", which every other memory matches
+        unique = self.acked[memory_id].split()[-1]
+        found = await self.agent.recall(unique, namespace="load", limit=10)
         return memory_id in [m.memory_id for m in found.memories]
 
 
