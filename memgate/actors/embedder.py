@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, MemoryStored, read_event
+from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
 )
@@ -136,13 +136,7 @@ class EmbedderActor:
             catalog.set_vectors(ids, rows)
 
     async def on_events(self, payloads: list[bytes]) -> None:
-        stored: dict[Owner, int] = {}
-        deleted: defaultdict[Owner, list[str]] = defaultdict(list)
-        for event in [read_event(MEMORY_EVENT, p) for p in payloads]:  # all, before any work
-            if isinstance(event, MemoryStored):
-                stored[event.owner] = max(stored.get(event.owner, 0), event.seq)
-            elif isinstance(event, MemoriesDeleted):
-                deleted[event.owner].extend(event.memory_ids)
+        stored, deleted = memory_changes(payloads)  # all read, before any work
         await self.embed_missing({owner: await self.catch_up(owner, seq)
                                   for owner, seq in stored.items()})
         for owner, ids in deleted.items():

@@ -51,6 +51,19 @@ MemoryEvent = Annotated[MemoryStored | MemoriesDeleted, Field(discriminator="kin
 MEMORY_EVENT: TypeAdapter[MemoryStored | MemoriesDeleted] = TypeAdapter(MemoryEvent)
 
 
+def memory_changes(payloads: list[bytes]) -> tuple[dict[Owner, int], dict[Owner, list[str]]]:
+    """A batch of memory events, read whole (`read_event`): each owner's newest stored seq,
+    and each owner's deleted ids."""
+    stored: dict[Owner, int] = {}
+    deleted: dict[Owner, list[str]] = {}
+    for event in [read_event(MEMORY_EVENT, p) for p in payloads]:
+        if isinstance(event, MemoryStored):
+            stored[event.owner] = max(stored.get(event.owner, 0), event.seq)
+        else:
+            deleted.setdefault(event.owner, []).extend(event.memory_ids)
+    return stored, deleted
+
+
 # --- the registry: `mem.evt.registry.<event>` (told apart by `event`, as they always were) ---
 
 class DocumentUpserted(Event):
