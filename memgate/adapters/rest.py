@@ -23,7 +23,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
+from memgate.adapters import rest_mem0, rest_sessions, rest_spaces
 from memgate.adapters.mcp_server import McpHttpEndpoint
+from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
 from memgate.contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
@@ -98,8 +100,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         refusal = ValidationFailedError("the request is not valid", {"problems": _problems(exc)})
-        credentials = await _bearer(request)
-        token = credentials.credentials if credentials else None
+        token = token_of(request.headers.get("Authorization"))
         route = commands.get(getattr(request.scope.get("route"), "name", ""))
         if route is None:  # no body to refuse on the bus: these routes all need a credential
             return error_response(refusal if token else
@@ -119,6 +120,13 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
                    body: Contract | dict[str, Any], **params: str) -> T:
         credential = token.credentials if token else None
         return await state["bus"].command(subject, credential, body, result, params=params)
+
+    async def send(subject: str, result: type[T], token: str | None,
+                   body: Contract | dict[str, Any], **params: str) -> T:
+        return await state["bus"].command(subject, token, body, result, params=params)
+
+    for module in (rest_spaces, rest_sessions, rest_mem0):
+        app.include_router(module.router(send, command))
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))
     async def healthz() -> JSONResponse:

@@ -14,11 +14,13 @@ LIST: Final = "mem.cmd.list"
 FORGET: Final = "mem.cmd.forget"
 
 ADMIN_PREFIX: Final = "mem.admin"
+SPACE_PREFIX: Final = "mem.space"  # memory-space routes (SPEC §4), member token in the envelope
 
 DIRECTORY_PRINCIPAL: Final = "mem.int.dir.principal"
 DIRECTORY_NATS_AGENTS: Final = "mem.int.dir.nats_agents"
 NATS_RELOAD: Final = "mem.int.nats.reload"
 DIRECTORY_OWNER_CHECK: Final = "mem.int.dir.owner_check"
+DIRECTORY_MEMBER: Final = "mem.int.dir.member"  # a member token → MemberPrincipal
 
 EVENTS_STREAM: Final = "MEM_EVT"
 EVENTS_SUBJECTS: Final = "mem.evt.>"
@@ -28,6 +30,17 @@ DLQ_SUBJECTS: Final = "mem.dlq.>"
 
 def admin(operation: str) -> str:
     return f"{ADMIN_PREFIX}.{operation}"
+
+
+def space(operation: str) -> str:
+    """A public memory-space command: `spaces.*` (spaces actor), `sessions.*` (sessions actor),
+    `memories.*` (the mem0 routes' space-memories actor)."""
+    return f"{SPACE_PREFIX}.{operation}"
+
+
+def spaces_internal(operation: str) -> str:
+    """The spaces actor's answers to other actors: `access`, `entity`, `entities`."""
+    return f"mem.int.spaces.{operation}"
 
 
 def store(partition: str, operation: str) -> str:

@@ -21,6 +21,10 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     AGENT_MEMORY_FULL = "AGENT_MEMORY_FULL"
     AGENT_MEMORY_RATE_LIMITED = "AGENT_MEMORY_RATE_LIMITED"
+    MEMORY_SPACES_DISABLED = "MEMORY_SPACES_DISABLED"
+    UNPROCESSABLE = "UNPROCESSABLE"
+    CONFLICT = "CONFLICT"
+    PRECONDITION_FAILED = "PRECONDITION_FAILED"
     UNAVAILABLE = "UNAVAILABLE"
     INTERNAL = "INTERNAL"
 
@@ -40,6 +44,10 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.AGENT_MEMORY_FULL: 409,
     ErrorCode.AGENT_MEMORY_RATE_LIMITED: 429,
+    ErrorCode.MEMORY_SPACES_DISABLED: 403,
+    ErrorCode.UNPROCESSABLE: 422,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.PRECONDITION_FAILED: 412,
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
 }
@@ -146,6 +154,30 @@ class RateLimitedError(MemgateError):
     code = ErrorCode.AGENT_MEMORY_RATE_LIMITED
 
 
+class MemorySpacesDisabledError(MemgateError):
+    """The member's memory-space feature flag is off (SPEC §4.1, §4.5)."""
+
+    code = ErrorCode.MEMORY_SPACES_DISABLED
+
+
+class UnprocessableError(MemgateError):
+    """Well-formed, but a rule of memory spaces refuses it (SPEC §4.1–§4.3): a 422."""
+
+    code = ErrorCode.UNPROCESSABLE
+
+
+class ConflictError(MemgateError):
+    """The request conflicts with the state (e.g. a strategy type that already ran): a 409."""
+
+    code = ErrorCode.CONFLICT
+
+
+class PreconditionFailedError(MemgateError):
+    """`If-Match` or `createdAt` names a state that has changed since: re-read, then retry."""
+
+    code = ErrorCode.PRECONDITION_FAILED
+
+
 class UnavailableError(MemgateError):
     """No actor answered in time; retry."""
 
@@ -164,7 +196,8 @@ ERROR_TYPES: dict[ErrorCode, type[MemgateError]] = {
         AgentMemoryEmptyError, AgentMemoryPersonalDataError,
         UnauthenticatedError, InsufficientScopeError, ForbiddenError, AgentMemoryDisabledError,
         NonRetainingWorkspaceError, ContextSetScopeRefusedError, NotFoundError,
-        AgentMemoryFullError, RateLimitedError, UnavailableError, InternalError,
+        AgentMemoryFullError, RateLimitedError, MemorySpacesDisabledError, UnprocessableError,
+        ConflictError, PreconditionFailedError, UnavailableError, InternalError,
     )
 }
 

@@ -1,0 +1,124 @@
+"""Memory spaces (SPEC §4.1, §4.5): spaces, sharing roles, and the access check every space
+route makes first.
+
+The spaces actor owns the spaces, their shares and the mem0 entities seen in each space; every
+other actor that serves a space route (sessions, space memories) asks it `access` first.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import ConfigDict, Field
+
+from memgate.contracts.base import Contract
+
+
+class Permission(StrEnum):
+    CAN_VIEW = "CAN_VIEW"
+    CAN_UPDATE = "CAN_UPDATE"
+    CAN_DELETE = "CAN_DELETE"
+    CAN_SHARE = "CAN_SHARE"
+
+
+class SpaceRole(StrEnum):
+    CONSUMER = "consumer"
+    EDITOR = "editor"
+    OWNER = "owner"
+
+    @property
+    def permissions(self) -> list[Permission]:
+        return list(_PERMISSIONS[self])
+
+
+_PERMISSIONS = {
+    SpaceRole.CONSUMER: (Permission.CAN_VIEW,),
+    SpaceRole.EDITOR: (Permission.CAN_VIEW, Permission.CAN_UPDATE),
+    SpaceRole.OWNER: tuple(Permission),
+}
+
+
+class CreateSpace(Contract):
+    description: str = Field(default="", max_length=1000)
+    llm_model_name: str | None = Field(default=None, min_length=1, max_length=120)
+    llm_base_url: str | None = Field(default=None, min_length=1, max_length=2000)
+
+
+class SpaceView(Contract):
+    id: str
+    description: str
+    llm_model_name: str | None = None
+    llm_base_url: str | None = None
+    permissions: list[Permission]
+    rbac_resource_id: str
+
+
+class SpaceList(Contract):
+    spaces: list[SpaceView]
+
+
+class ShareSpace(Contract):
+    role: SpaceRole
+
+
+class AccessRequest(Contract):
+    """May the holder of this member token use this space, and with which permissions?
+
+    Refused with UNAUTHENTICATED (unknown or revoked token), MEMORY_SPACES_DISABLED (the
+    member's flag is off) or NOT_FOUND (no such space, or no share in it: never which)."""
+
+    token_hash: str
+    space_id: str
+
+
+class SpaceAccess(Contract):
+    """What the caller may do in the space, resolved afresh at every request."""
+
+    model_config = ConfigDict(extra="ignore")  # a newer spaces actor may add fields
+
+    space_id: str
+    workspace_id: str
+    member_id: str
+    role: SpaceRole
+    permissions: list[Permission]
+    llm_model_name: str | None = None
+    llm_base_url: str | None = None
+    retention_days: int = 90  # the workspace's (SPEC §3.9)
+
+    def allows(self, permission: Permission) -> bool:
+        return permission in self.permissions
+
+
+class Entity(Contract):
+    """Who a mem0 memory is about: its `user_id`, `agent_id`, `run_id` (any may be absent).
+
+    Memories of one entity share one storage namespace, `namespace`, an opaque id the spaces
+    actor issues (the ids themselves may be personal: they stay in the spaces actor's file)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    user_id: str | None = Field(default=None, min_length=1, max_length=200)
+    agent_id: str | None = Field(default=None, min_length=1, max_length=200)
+    run_id: str | None = Field(default=None, min_length=1, max_length=200)
+    namespace: str | None = None  # set in replies
+
+
+class EntityRequest(Contract):
+    """The namespace of this entity in the space, issued on first use."""
+
+    space_id: str
+    entity: Entity
+
+
+class EntitiesRequest(Contract):
+    space_id: str
+
+
+class Entities(Contract):
+    entities: list[Entity]  # every entity seen in the space, each with its namespace
+
+
+__all__ = [
+    "AccessRequest", "CreateSpace", "Entities", "EntitiesRequest", "Entity", "EntityRequest",
+    "Permission", "ShareSpace", "SpaceAccess", "SpaceList", "SpaceRole", "SpaceView",
+]
