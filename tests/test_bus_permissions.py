@@ -177,6 +177,8 @@ FORBIDDEN = {
     "embedder": ["mem.evt.p0.memory", "mem.int.store.p0.purge", "mem.cmd.forget"],
     "nats-authority": ["mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                        "mem.int.store.p0.remember"],
+    "spaces": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.recall",
+               "mem.int.dir.principal"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

@@ -26,6 +26,7 @@ from memgate.contracts.errors import (
     ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
     UnavailableError, ValidationFailedError,
 )
+from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
 from memgate.contracts.registry import Scope as ContextScope
 from memgate.contracts.registry import ScopeRequest
@@ -83,6 +84,7 @@ class DirectoryActor:
         router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
         router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
         router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
+        router.subscriber(subjects.DIRECTORY_MEMBER)(replying(self.member_principal))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
             "members.add": self.add_member,
@@ -129,6 +131,28 @@ class DirectoryActor:
             credential_id=credential.credential_id, role=Role(member.role),
             scopes=frozenset(Scope(s) for s in credential.scopes),
             context_set_id=credential.context_set_id, settings=_settings(workspace))
+
+    async def member_principal(self, payload: bytes) -> MemberPrincipal:
+        """A member token (or a member id within a workspace) → the member, for memory spaces."""
+        request = parse(MemberRequest, payload)
+
+        def resolve() -> MemberPrincipal:
+            if request.token_hash is not None:
+                member = self.store.member_by_token(request.token_hash)
+                if member is None:
+                    raise UnauthenticatedError("unknown member token")
+            else:
+                member = self.store.member(request.workspace_id or "", request.member_id or "")
+                if member is None:
+                    raise NotFoundError("no such member")
+            workspace = self.store.workspace(member.workspace_id)
+            assert workspace is not None
+            return MemberPrincipal(workspace_id=member.workspace_id, member_id=member.member_id,
+                                   role=Role(member.role),
+                                   memory_spaces_enabled=member.memory_spaces_enabled,
+                                   settings=_settings(workspace))
+
+        return await self._serial(resolve)
 
     # --- who is calling an admin command ---
 
@@ -202,8 +226,12 @@ class DirectoryActor:
                 raise NotFoundError("no such member")
             if body.role is not None:
                 self.store.set_role(owner.workspace_id, target.member_id, body.role.value)
-            return MemberView(member_id=target.member_id, name=target.name,
-                              role=body.role or Role(target.role))
+            if body.memory_spaces_enabled is not None:
+                self.store.set_memory_spaces(target.member_id, body.memory_spaces_enabled)
+            row = self.store.member(owner.workspace_id, target.member_id)
+            assert row is not None
+            return MemberView(member_id=row.member_id, name=row.name, role=Role(row.role),
+                              memory_spaces_enabled=row.memory_spaces_enabled)
 
         return await self._serial(patch)
 

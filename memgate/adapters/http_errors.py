@@ -51,10 +51,13 @@ _WHEN = {
          "AGENT_MEMORY_PERSONAL_DATA",
     401: "UNAUTHENTICATED: missing, unknown or revoked credential",
     403: "INSUFFICIENT_SCOPE, FORBIDDEN, AGENT_MEMORY_DISABLED, NON_RETAINING_WORKSPACE, "
-         "AGENT_CONTEXT_SET_SCOPE_REFUSED",
+         "AGENT_CONTEXT_SET_SCOPE_REFUSED, MEMORY_SPACES_DISABLED",
     404: "NOT_FOUND: unknown id, or one the caller may not see",
-    409: "AGENT_MEMORY_FULL: the member's version limit is reached",
+    409: "AGENT_MEMORY_FULL: the member's version limit is reached; CONFLICT: the request "
+         "conflicts with the state (e.g. a lifecycle strategy that already ran)",
+    412: "PRECONDITION_FAILED: If-Match or createdAt names a state that has changed; re-read",
     413: "PAYLOAD_TOO_LARGE: the body exceeds the limit (MEMGATE_MAX_BODY_BYTES)",
+    422: "UNPROCESSABLE: well-formed, but a memory-space rule refuses it (SPEC §4.1–§4.3)",
     429: "AGENT_MEMORY_RATE_LIMITED: the remember rate is reached (see Retry-After)",
     503: "UNAVAILABLE: no actor answered in time; retry",
 }
@@ -112,10 +115,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def _without_422(schema: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI documents a 422 on every route with parameters; memgate answers 400 instead."""
+    """FastAPI documents a 422 on every route with parameters; memgate answers 400 instead
+    (a 422 memgate does answer, UNPROCESSABLE, is documented by the route and kept)."""
     for path in schema.get("paths", {}).values():
         for operation in path.values():
-            operation.get("responses", {}).pop("422", None)
+            statuses = operation.get("responses", {})
+            if statuses.get("422", {}).get("description") == "Validation Error":
+                del statuses["422"]
     components = schema.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)

@@ -9,6 +9,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.policy.sequence import Window
 
+# Memory spaces: the models offered for fact extraction, and the hosts an llmBaseUrl may name.
+DEFAULT_LLM_MODELS = ("gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano", "llama3.1:8b",
+                      "qwen2.5:7b-instruct")
+DEFAULT_LLM_HOSTS = ("localhost", "127.0.0.1")
+
 BUNDLED_TOKENIZER = (Path(__file__).resolve().parent.parent
                      / "embedding/models/minilm/tokenizer.json")
 
@@ -61,6 +66,11 @@ class Settings(BaseSettings):
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)
     # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.
     recall_bm25_deadline_ms: int = Field(default=10_000, ge=1)
+
+    # Memory spaces (SPEC §4.1): the models a space may name for fact extraction, and the hosts
+    # its llmBaseUrl may point at (the operator's allowlist).
+    spaces_llm_models: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_MODELS))
+    spaces_llm_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_HOSTS))
 
     embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
     embedding_tokenizer: Path = BUNDLED_TOKENIZER

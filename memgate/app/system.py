@@ -20,6 +20,7 @@ from memgate.actors.indexer import IndexerActor
 from memgate.actors.nats_authority import NatsAuthorityActor
 from memgate.actors.recall import RecallActor
 from memgate.actors.registry import RegistryActor
+from memgate.actors.spaces import SpacesActor
 from memgate.actors.storage import StorageActor
 from memgate.app.settings import Settings
 from memgate.bus import EmbeddedNats, subjects
@@ -58,6 +59,9 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
         GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
         RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                       publisher=publisher("registry")),
+        SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
+                    partitions=settings.partitions, llm_models=settings.spaces_llm_models,
+                    llm_hosts=settings.spaces_llm_hosts),
         RecallActor.on_bus(bus("recall"), partitions=settings.partitions,
                            window=settings.recall_window,
                            rrf_k=settings.recall_rrf_k,
@@ -87,7 +91,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "governance", "recall", "registry"]
+    names = ["directory", "governance", "recall", "registry", "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

@@ -66,7 +66,7 @@ ROLES: Final[dict[str, Role]] = {
                    *(subjects.admin(f"{group}.>") for group in (
                        "workspaces", "members", "credentials", "settings", "self", "owner",
                        "nats"))),
-        callers=("governance", "registry", "nats-authority")),
+        callers=("governance", "registry", "nats-authority", "spaces")),
     "registry": Role(
         publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
         subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry")),
@@ -80,7 +80,8 @@ ROLES: Final[dict[str, Role]] = {
     "storage": Role(
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
         subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True)),
-        callers=("governance", "recall", "directory", "indexer", "embedder"), jetstream=True),
+        callers=("governance", "recall", "directory", "indexer", "embedder", "spaces"),
+        jetstream=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.index(ANY, ANY), _ready("indexer", partitioned=True)),
@@ -89,12 +90,17 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
         callers=("recall",), jetstream=True),
+    "spaces": Role(
+        publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
+        subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
+                   subjects.spaces_internal(">"), _ready("spaces"))),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),
         callers=("directory",)),
     ADAPTER: Role(  # REST and MCP: the front door, the admin commands and readiness probes
-        publish=(*PUBLIC_COMMANDS, subjects.admin(">"), subjects.ready(">")),
+        publish=(*PUBLIC_COMMANDS, subjects.admin(">"), subjects.space(">"),
+                 subjects.ready(">")),
         subscribe=()),
 }
 

@@ -76,12 +76,32 @@ class AddMember(Contract):
 
 class PatchMember(Contract):
     role: Role | None = None
+    memory_spaces_enabled: bool | None = None  # the per-user memory-space flag (SPEC §4.5)
 
 
 class MemberView(Contract):
     member_id: str
     name: str
     role: Role
+    memory_spaces_enabled: bool = False
+
+
+class MemberRequest(Contract):
+    """A member by token (who is calling), or by id within a workspace (whom a share names)."""
+
+    token_hash: str | None = None
+    workspace_id: str | None = None
+    member_id: str | None = None
+
+
+class MemberPrincipal(Contract):
+    """Who a member token speaks for, resolved afresh at every use."""
+
+    workspace_id: str
+    member_id: str
+    role: Role
+    memory_spaces_enabled: bool
+    settings: WorkspaceSettings
 
 
 class CreateCredential(Contract):

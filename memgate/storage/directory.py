@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS members (
     member_id VARCHAR NOT NULL, workspace_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
     role VARCHAR NOT NULL, token_hash VARCHAR NOT NULL
 );
+ALTER TABLE members ADD COLUMN IF NOT EXISTS memory_spaces_enabled BOOLEAN DEFAULT false;
 CREATE TABLE IF NOT EXISTS nats_agents (
     agent_id VARCHAR NOT NULL, name VARCHAR NOT NULL, public_key VARCHAR NOT NULL,
     inbox_prefix VARCHAR NOT NULL, revoked BOOLEAN NOT NULL
@@ -62,6 +63,7 @@ class MemberRow:
     name: str
     role: str
     token_hash: str
+    memory_spaces_enabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class DirectoryStore:
     def add_member(self, workspace_id: str, name: str, role: str) -> tuple[str, str]:
         token = new_token("mgm")
         row = MemberRow(new_id("mb"), workspace_id, name, role, hash_token(token))
-        self._db.execute("INSERT INTO members VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
+        self._db.execute("INSERT INTO members VALUES (?, ?, ?, ?, ?, ?)", list(astuple(row)))
         self._members[row.member_id] = row
         self._member_tokens[row.token_hash] = row.member_id
         return row.member_id, token
@@ -144,6 +146,12 @@ class DirectoryStore:
         self._db.execute("UPDATE members SET role = ? WHERE workspace_id = ? AND member_id = ?",
                          [role, workspace_id, member_id])
         self._members[member_id] = replace(self._members[member_id], role=role)
+
+    def set_memory_spaces(self, member_id: str, enabled: bool) -> None:
+        self._db.execute("UPDATE members SET memory_spaces_enabled = ? WHERE member_id = ?",
+                         [enabled, member_id])
+        self._members[member_id] = replace(self._members[member_id],
+                                           memory_spaces_enabled=enabled)
 
     def create_credential(self, member: MemberRow, name: str, scopes: list[str],
                           context_set_id: str | None) -> tuple[str, str]:

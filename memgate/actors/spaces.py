@@ -1,0 +1,223 @@
+"""The spaces actor: memory spaces, their sharing roles, and the access check (SPEC §4.1, §4.5).
+
+It owns `DIR/spaces.duckdb` (single writer). Public commands (`mem.space.spaces.*`,
+`mem.space.shares.*`) carry a member token; the directory resolves it afresh at every request,
+so a member whose flag is turned off, or whose share is revoked, loses access at once. Every
+actor serving a space route asks `mem.int.spaces.access` first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts import Contract, Done, Envelope
+from memgate.contracts.directory import MemberPrincipal, MemberRequest
+from memgate.contracts.errors import (
+    ForbiddenError, MemorySpacesDisabledError, NotFoundError, UnauthenticatedError,
+    UnprocessableError,
+)
+from memgate.contracts.internal import StorePurge
+from memgate.contracts.memory import ForgetResult
+from memgate.contracts.spaces import (
+    AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, Permission,
+    ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
+)
+from memgate.ports.bus import Requester
+from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.storage.directory import hash_token
+from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
+
+def space_owner(space_id: str) -> str:
+    """The subject id under which a space's mem0 memories are stored (one index per space)."""
+    return f"space-{space_id}"
+
+
+def _view(space: SpaceRow, role: SpaceRole) -> SpaceView:
+    return SpaceView(id=space.space_id, description=space.description,
+                     llm_model_name=space.llm_model_name, llm_base_url=space.llm_base_url,
+                     permissions=role.permissions,
+                     rbac_resource_id=f"memgate:{space.workspace_id}:space:{space.space_id}")
+
+
+def _entity(row: EntityRow) -> Entity:
+    return Entity(user_id=row.user_id, agent_id=row.agent_id, run_id=row.run_id,
+                  namespace=row.namespace)
+
+
+class SpacesActor:
+    name = "spaces"
+
+    def __init__(self, *, path: Path, bus: Requester, partitions: int = 1,
+                 llm_models: Sequence[str], llm_hosts: Sequence[str]) -> None:
+        self._path = path
+        self._bus = bus
+        self._partitions = partitions
+        self._llm_models = tuple(llm_models)
+        self._llm_hosts = frozenset(host.lower() for host in llm_hosts)
+        self._serial = Serial("spaces")
+        self._store: SpaceStore | None = None
+
+    async def start(self) -> None:
+        self._store = await self._serial(SpaceStore, self._path)
+
+    async def stop(self) -> None:
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    @property
+    def store(self) -> SpaceStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        public: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
+            "spaces.create": self.create, "spaces.get": self.get, "spaces.list": self.list_spaces,
+            "spaces.delete": self.delete, "shares.put": self.share, "shares.delete": self.revoke,
+        }
+        for operation, handler in public.items():
+            router.subscriber(subjects.space(operation))(replying(self._enveloped(handler)))
+        internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
+            "access": self.access, "entity": self.entity, "entities": self.entities,
+        }
+        for operation, answer in internal.items():
+            router.subscriber(subjects.spaces_internal(operation))(replying(answer))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    @staticmethod
+    def _enveloped(handler: Callable[[Envelope], Awaitable[Contract]],
+                   ) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            return await handler(parse(Envelope, payload))
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    # --- who is calling ---
+
+    async def _member(self, token_hash: str | None) -> MemberPrincipal:
+        """The caller, with the memory-space flag on (SPEC §4.1: all or nothing)."""
+        if not token_hash:
+            raise UnauthenticatedError("a member token is required")
+        member = await self._bus.request(subjects.DIRECTORY_MEMBER,
+                                         MemberRequest(token_hash=token_hash), MemberPrincipal)
+        if not member.memory_spaces_enabled:
+            raise MemorySpacesDisabledError("memory spaces are not enabled for this member")
+        return member
+
+    def _access(self, member: MemberPrincipal, space_id: str) -> SpaceAccess:
+        """Runs on the serial thread: the space and the member's share in it, or NOT_FOUND
+        (an unknown space and one the member may not see are told apart by nobody)."""
+        space = self.store.space(space_id)
+        role = self.store.role(space_id, member.member_id) if space else None
+        if space is None or role is None or space.workspace_id != member.workspace_id:
+            raise NotFoundError("no such memory space")
+        space_role = SpaceRole(role)
+        return SpaceAccess(space_id=space_id, workspace_id=space.workspace_id,
+                           member_id=member.member_id, role=space_role,
+                           permissions=space_role.permissions,
+                           llm_model_name=space.llm_model_name, llm_base_url=space.llm_base_url,
+                           retention_days=member.settings.retention_days)
+
+    async def _allowed(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
+        member = await self._member(hash_token(envelope.token) if envelope.token else None)
+        access = await self._serial(self._access, member, envelope.params.get("spaceId", ""))
+        if not access.allows(permission):
+            if not access.allows(Permission.CAN_VIEW):
+                raise NotFoundError("no such memory space")
+            raise ForbiddenError("your role in this memory space does not allow this",
+                                 {"permission": permission.value})
+        return access
+
+    # --- internal answers ---
+
+    async def access(self, payload: bytes) -> SpaceAccess:
+        request = parse(AccessRequest, payload)
+        member = await self._member(request.token_hash)
+        return await self._serial(self._access, member, request.space_id)
+
+    async def entity(self, payload: bytes) -> Entity:
+        request = parse(EntityRequest, payload)
+        ids = request.entity
+        row = await self._serial(self.store.entity, request.space_id, ids.user_id, ids.agent_id,
+                                 ids.run_id)
+        return _entity(row)
+
+    async def entities(self, payload: bytes) -> Entities:
+        request = parse(EntitiesRequest, payload)
+        rows = await self._serial(self.store.entities, request.space_id)
+        return Entities(entities=[_entity(row) for row in rows])
+
+    # --- public commands ---
+
+    def _check_llm(self, body: CreateSpace) -> None:
+        if (body.llm_model_name is None) != (body.llm_base_url is None):
+            raise UnprocessableError("give both llmModelName and llmBaseUrl, or neither",
+                                     {"field": "llmBaseUrl" if body.llm_base_url is None
+                                      else "llmModelName"})
+        if body.llm_model_name is not None and body.llm_model_name not in self._llm_models:
+            raise UnprocessableError("the model is not one of the allowed models",
+                                     {"field": "llmModelName",
+                                      "allowed": list(self._llm_models)})
+        if body.llm_base_url is not None:
+            parts = urlsplit(body.llm_base_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise UnprocessableError("llmBaseUrl must be an http(s) URL",
+                                         {"field": "llmBaseUrl"})
+            if parts.hostname.lower() not in self._llm_hosts:
+                raise UnprocessableError("the host of llmBaseUrl is not on the allowlist",
+                                         {"field": "llmBaseUrl",
+                                          "allowedHosts": sorted(self._llm_hosts)})
+
+    async def create(self, envelope: Envelope) -> SpaceView:
+        member = await self._member(hash_token(envelope.token) if envelope.token else None)
+        body = parse(CreateSpace, envelope.body)
+        self._check_llm(body)
+        space = await self._serial(self.store.create, member.workspace_id, member.member_id,
+                                   body.description, body.llm_model_name, body.llm_base_url)
+        return _view(space, SpaceRole.OWNER)
+
+    async def get(self, envelope: Envelope) -> SpaceView:
+        access = await self._allowed(envelope, Permission.CAN_VIEW)
+        space = self.store.space(access.space_id)
+        if space is None:
+            raise NotFoundError("no such memory space")
+        return _view(space, access.role)
+
+    async def list_spaces(self, envelope: Envelope) -> SpaceList:
+        member = await self._member(hash_token(envelope.token) if envelope.token else None)
+        found = await self._serial(self.store.spaces_of, member.workspace_id, member.member_id)
+        return SpaceList(spaces=[_view(space, SpaceRole(role)) for space, role in found])
+
+    async def delete(self, envelope: Envelope) -> Done:
+        """The space, its shares and its entity map at once; its memories are purged."""
+        access = await self._allowed(envelope, Permission.CAN_DELETE)
+        await self._serial(self.store.delete, access.space_id)
+        partition = partition_of(access.workspace_id, self._partitions)
+        await self._bus.request(subjects.store(partition, "purge"), StorePurge(
+            tenant=access.workspace_id, subject_id=space_owner(access.space_id)), ForgetResult)
+        return Done()
+
+    async def share(self, envelope: Envelope) -> SpaceView:
+        access = await self._allowed(envelope, Permission.CAN_SHARE)
+        body = parse(ShareSpace, envelope.body)
+        target = await self._bus.request(subjects.DIRECTORY_MEMBER, MemberRequest(
+            workspace_id=access.workspace_id, member_id=envelope.params.get("memberId", "")),
+            MemberPrincipal)
+        await self._serial(self.store.share, access.space_id, target.member_id, body.role.value)
+        space = self.store.space(access.space_id)
+        assert space is not None
+        return _view(space, access.role)
+
+    async def revoke(self, envelope: Envelope) -> Done:
+        access = await self._allowed(envelope, Permission.CAN_SHARE)
+        if not await self._serial(self.store.revoke, access.space_id,
+                                  envelope.params.get("memberId", "")):
+            raise NotFoundError("no such share")
+        return Done()
+
