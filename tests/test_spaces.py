@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import Member, Memgate
+from tests.test_up import cli
 
 ALL = ["CAN_VIEW", "CAN_UPDATE", "CAN_DELETE", "CAN_SHARE"]
 
@@ -152,3 +154,22 @@ async def test_malformed_space_requests_are_refused_in_the_error_shape(
     refused = await call(memgate, method, path, owner.token, body)
     assert refused.status_code in (400, 404, 422), refused.text
     assert set(refused.json()["error"]) >= {"code", "message"}
+
+
+async def test_the_admin_command_line_flags_members_and_manages_shares(memgate: Memgate) -> None:
+    owner = await memgate.workspace()
+    member = await memgate.member(owner, "editor")
+    url = str(memgate.http.base_url)
+    for who in (owner, member):
+        flagged = await asyncio.to_thread(cli, "memory-spaces", owner.workspace_id,
+                                          who.member_id, "--url", url, token=owner.token)
+        assert flagged["memorySpacesEnabled"] is True
+    space = await space_of(memgate, owner)
+    await asyncio.to_thread(cli, "share", space["id"], member.member_id, "editor", "--url", url,
+                            token=owner.token)
+    seen = await memgate.ok("GET", f"/memory/spaces/{space['id']}", member.token)
+    assert seen["permissions"] == ["CAN_VIEW", "CAN_UPDATE"]
+    await asyncio.to_thread(cli, "unshare", space["id"], member.member_id, "--url", url,
+                            token=owner.token)
+    assert (await call(memgate, "GET", f"/memory/spaces/{space['id']}",
+                       member.token)).status_code == 404

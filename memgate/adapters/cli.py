@@ -244,6 +244,27 @@ def revoke_nats_credential(agent_id: str, url: Url = None) -> None:
     _call("DELETE", url, f"/api/admin/nats-agents/{agent_id}", _operator())
 
 
+@admin.command("memory-spaces")
+def memory_spaces(workspace: str, member: str, token: TokenOpt = None, url: Url = None,
+                  enabled: Annotated[bool, typer.Option("--on/--off")] = True) -> None:
+    """Turn a member's memory-space API on or off (SPEC §4.5; at once; owner token)."""
+    _call("PATCH", url, f"/api/w/{workspace}/members/{member}", _member(token),
+          {"memorySpacesEnabled": enabled})
+
+
+@admin.command("share")
+def share(space: str, member: str, role: str, token: TokenOpt = None, url: Url = None) -> None:
+    """Share a memory space with a member as consumer, editor or owner (a space owner's
+    member token)."""
+    _call("PUT", url, f"/memory/spaces/{space}/shares/{member}", _member(token), {"role": role})
+
+
+@admin.command("unshare")
+def unshare(space: str, member: str, token: TokenOpt = None, url: Url = None) -> None:
+    """Revoke a member's access to a memory space: every permission goes at once."""
+    _call("DELETE", url, f"/memory/spaces/{space}/shares/{member}", _member(token))
+
+
 @admin.command("request")
 def request(method: str, path: str, body: Annotated[str | None, typer.Argument()] = None,
             token: TokenOpt = None, url: Url = None) -> None:
