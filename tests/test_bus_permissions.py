@@ -179,6 +179,8 @@ FORBIDDEN = {
                        "mem.int.store.p0.remember"],
     "spaces": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.recall",
                "mem.int.dir.principal"],
+    "erasure": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.store.p0.purge",
+                "mem.cmd.forget"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

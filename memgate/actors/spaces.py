@@ -19,6 +19,7 @@ from memgate.contracts.errors import (
     ForbiddenError, MemorySpacesDisabledError, NotFoundError, UnauthenticatedError,
     UnprocessableError,
 )
+from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge
 from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
@@ -83,6 +84,7 @@ class SpacesActor:
             router.subscriber(subjects.space(operation))(replying(self._enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "access": self.access, "entity": self.entity, "entities": self.entities,
+            "subject": self.subject,
         }
         for operation, answer in internal.items():
             router.subscriber(subjects.spaces_internal(operation))(replying(answer))
@@ -152,6 +154,24 @@ class SpacesActor:
         request = parse(EntitiesRequest, payload)
         rows = await self._serial(self.store.entities, request.space_id)
         return Entities(entities=[_entity(row) for row in rows])
+
+    async def subject(self, payload: bytes) -> SubjectTarget:
+        """For an erasure: the spaces (storage owners) and namespaces that hold an end user's
+        mem0 memories; with `erase`, the entity map forgets them (the identity mapping)."""
+        target = parse(SubjectTarget, payload)
+        if target.external_id is None:
+            return target
+
+        def find() -> dict[str, list[str]]:
+            entities = self.store.entities_of_user(target.tenant, target.external_id or "")
+            owners: dict[str, list[str]] = {}
+            for entity in entities:
+                owners.setdefault(space_owner(entity.space_id), []).append(entity.namespace)
+            if target.erase:
+                self.store.forget_entities(entities)
+            return owners
+
+        return target.model_copy(update={"owners": await self._serial(find)})
 
     # --- public commands ---
 

@@ -31,6 +31,7 @@ from memgate.contracts.errors import (
 from memgate.contracts.events import (
     REGISTRY_EVENT, CollectionDeleted, DocumentDeleted, RegistryEvent, read_event,
 )
+from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters, RecallScope, Rows,
@@ -104,7 +105,7 @@ class StorageActor:
             "remember": self.remember, "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
-            "purge": self.purge,
+            "purge": self.purge, "subject": self.subject,
         }.items():
             router.subscriber(subjects.store(self.partition, operation),
                               max_workers=REMEMBERS_AT_ONCE if operation == "remember" else 1,
@@ -263,6 +264,25 @@ class StorageActor:
             command.tenant, command.subject_id, memory_ids=command.memory_ids))
         self._relay.wake()
         return ForgetResult(deleted=len(deleted))
+
+    async def subject(self, payload: bytes) -> SubjectCount:
+        """An erasure's memory-store layer (SPEC §5.2): a member's agent memories, or an end
+        user's memories in the namespaces of the spaces that hold them; counted, or erased."""
+        target = parse(SubjectTarget, payload)
+        owners = ({target.member_id: None} if target.member_id is not None
+                  else dict(target.owners))
+
+        def sweep() -> list[str]:
+            ids: list[str] = []
+            for owner, namespaces in owners.items():
+                ids += (self._delete(target.tenant, owner, namespaces=namespaces)
+                        if target.erase else self.store.held_by(target.tenant, owner, namespaces))
+            return ids
+
+        ids = await self._serial(sweep)
+        if target.erase:
+            self._relay.wake()
+        return SubjectCount(count=len(ids), record_ids=ids)
 
     async def texts(self, payload: bytes) -> Texts:
         """Masked texts for the indexer and embedder, which keep none of their own copies."""

@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
-from memgate.adapters import rest_mem0, rest_sessions, rest_spaces
+from memgate.adapters import rest_erasure, rest_mem0, rest_sessions, rest_spaces
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
@@ -125,7 +125,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
                    body: Contract | dict[str, Any], **params: str) -> T:
         return await state["bus"].command(subject, token, body, result, params=params)
 
-    for module in (rest_spaces, rest_sessions, rest_mem0):
+    for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
         app.include_router(module.router(send, command))
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))

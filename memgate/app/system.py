@@ -15,6 +15,7 @@ from typing import Any
 
 from memgate.actors.directory import DirectoryActor
 from memgate.actors.embedder import EmbedderActor
+from memgate.actors.erasure import ErasureActor
 from memgate.actors.governance import GovernanceActor
 from memgate.actors.indexer import IndexerActor
 from memgate.actors.nats_authority import NatsAuthorityActor
@@ -59,6 +60,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
         GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
         RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                       publisher=publisher("registry")),
+        ErasureActor(path=data / "erasure.duckdb", bus=bus("erasure"),
+                     admin_token=lambda: admin_token(settings), partitions=settings.partitions),
         SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
                     partitions=settings.partitions, llm_models=settings.spaces_llm_models,
                     llm_hosts=settings.spaces_llm_hosts),
@@ -91,7 +94,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "governance", "recall", "registry", "spaces"]
+    names = ["directory", "erasure", "governance", "recall", "registry", "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

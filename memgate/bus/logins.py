@@ -66,7 +66,7 @@ ROLES: Final[dict[str, Role]] = {
                    *(subjects.admin(f"{group}.>") for group in (
                        "workspaces", "members", "credentials", "settings", "self", "owner",
                        "nats"))),
-        callers=("governance", "registry", "nats-authority", "spaces")),
+        callers=("governance", "registry", "nats-authority", "spaces", "erasure")),
     "registry": Role(
         publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
         subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry")),
@@ -80,7 +80,8 @@ ROLES: Final[dict[str, Role]] = {
     "storage": Role(
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
         subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True)),
-        callers=("governance", "recall", "directory", "indexer", "embedder", "spaces"),
+        callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
+                 "erasure"),
         jetstream=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
@@ -93,7 +94,13 @@ ROLES: Final[dict[str, Role]] = {
     "spaces": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
-                   subjects.spaces_internal(">"), _ready("spaces"))),
+                   subjects.spaces_internal(">"), _ready("spaces")),
+        callers=("erasure",)),
+    "erasure": Role(
+        publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),
+                 subjects.store(ANY, "subject"), subjects.sessions_internal("subject"),
+                 subjects.keys_internal("subject")),
+        subscribe=(subjects.admin("erasure.>"), _ready("erasure"))),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),

@@ -43,6 +43,16 @@ def spaces_internal(operation: str) -> str:
     return f"mem.int.spaces.{operation}"
 
 
+def sessions_internal(operation: str) -> str:
+    """The sessions actor's answers to other actors (`subject`: erasure's conversation logs)."""
+    return f"mem.int.sessions.{operation}"
+
+
+def keys_internal(operation: str) -> str:
+    """The key store's answers (`subject`: a subject's data key, for crypto-shredding)."""
+    return f"mem.int.keys.{operation}"
+
+
 def store(partition: str, operation: str) -> str:
     """An operation of the storage actor that owns `partition`."""
     return f"mem.int.store.{partition}.{operation}"

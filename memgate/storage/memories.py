@@ -414,10 +414,22 @@ class MemoryStore:
             "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
         return [(*r[:5], r[5].replace(tzinfo=UTC), _aware(r[6]), r[7]) for r in rows]
 
+    def held_by(self, tenant: str, subject_id: str,
+                namespaces: list[str] | None = None) -> list[str]:
+        """The ids of every version a subject's erasure would delete (legal holds excluded)."""
+        sql = ("SELECT memory_id FROM memories WHERE tenant = ? AND subject_id = ? "
+               "AND legal_hold = false")
+        params: list[Any] = [tenant, subject_id]
+        if namespaces is not None:
+            sql += " AND list_contains(?, namespace)"
+            params.append(namespaces)
+        return [row[0] for row in self._db.execute(sql, params).fetchall()]
+
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,
                memory_ids: list[str] | None = None,
                collection_ids: tuple[str, ...] | None = None,
+               namespaces: list[str] | None = None,
                cited_documents: list[str] | None = None, event_subject: str,
                event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
@@ -429,7 +441,8 @@ class MemoryStore:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
-        for column, values in (("memory_id", memory_ids), ("collection_id", collection_ids)):
+        for column, values in (("memory_id", memory_ids), ("collection_id", collection_ids),
+                               ("namespace", namespaces)):
             if values is not None:
                 clauses.append(f"list_contains(?, {column})")
                 params.append(list(values))

@@ -140,3 +140,18 @@ class SpaceStore:
 
     def entities(self, space_id: str) -> list[EntityRow]:
         return list(self._entities.get(space_id, {}).values())
+
+    def entities_of_user(self, workspace_id: str, user_id: str) -> list[EntityRow]:
+        """Every entity naming this end user in the workspace's spaces (an erasure's subject)."""
+        return [entity for space in self._spaces.values() if space.workspace_id == workspace_id
+                for entity in self._entities.get(space.space_id, {}).values()
+                if entity.user_id == user_id]
+
+    def forget_entities(self, entities: list[EntityRow]) -> None:
+        """Delete these entities: their namespaces no longer lead to anyone."""
+        self._db.execute("BEGIN")
+        for entity in entities:
+            self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
+                             [entity.space_id, entity.namespace])
+            self._entities.get(entity.space_id, {}).pop(entity.ids, None)
+        self._db.execute("COMMIT")

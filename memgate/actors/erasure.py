@@ -1,0 +1,256 @@
+"""The erasure actor: erasure requests from intake to evidence (SPEC §5.3).
+
+It owns `DIR/erasure.duckdb` (single writer) and answers the operator's commands on
+`mem.admin.erasure.*`. Nothing is resolved to a subject before identity is verified; tenant is
+mandatory at every stage. Discovery and execution go through the registry of layers (§5.2): each
+layer answers "what do you hold for this subject in this tenant?" and "erase it" on a subject of
+its own (`SubjectTarget` → `SubjectCount`), so a new layer is one entry in `LAYERS`.
+Execution runs in the background; `GET` shows its progress and evidence, never content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts import Contract, Envelope
+from memgate.contracts.directory import MemberPrincipal, MemberRequest
+from memgate.contracts.erasure import (
+    LAYERS, Decide, ErasureIntake, ErasureMetrics, ErasureView, Evidence, Status, SubjectCount,
+    SubjectTarget, VerifyIdentity,
+)
+from memgate.contracts.errors import (
+    ConflictError, MemgateError, NotFoundError, UnauthenticatedError,
+)
+from memgate.ports.bus import Requester
+from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.storage.directory import hash_token
+from memgate.storage.erasure import ErasureStore, RequestRow
+
+log = logging.getLogger("memgate.erasure")
+
+DUE_AFTER = timedelta(days=30)  # GDPR Art. 12(3)
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of §5.2: the subject it answers on (None: it holds nothing by design), and
+    how its erasure works, for the evidence."""
+
+    name: str
+    subject: Callable[[str], str] | None  # partition → subject
+    how: str
+
+
+def _layers() -> dict[str, Layer]:
+    keys = subjects.keys_internal("subject")
+    return {layer.name: layer for layer in (
+        Layer("memory_store", lambda p: subjects.store(p, "subject"),
+              "deleted in the partition's DuckDB file, then the file compacted"),
+        Layer("vector_index", lambda p: subjects.store(p, "subject"),
+              "dropped by the indexer and the embedder on the memory store's MemoriesDeleted "
+              "events (the owner's Tantivy index rebuilt, the vectors deleted)"),
+        Layer("conversation_logs", lambda p: subjects.sessions_internal("subject"),
+              "session events deleted, the file compacted"),
+        Layer("traces_logs", None,
+              "none held: memgate writes ids and error codes to its logs and traces, never "
+              "content or identity (tests/test_error_logs.py)"),
+        Layer("eval_exports", lambda p: keys, "crypto-shredded: the subject's data key erased"),
+        Layer("backups", lambda p: keys, "crypto-shredded: the subject's data key erased"),
+    )}
+
+
+class ErasureActor:
+    name = "erasure"
+
+    def __init__(self, *, path: Path, bus: Requester, admin_token: Callable[[], str],
+                 partitions: int = 1, now: Clock = lambda: datetime.now(UTC)) -> None:
+        self._path = path
+        self._bus = bus
+        self._admin_token = admin_token
+        self._admin_hash = ""
+        self._partitions = partitions
+        self._now = now
+        self._layers = _layers()
+        assert tuple(self._layers) == LAYERS
+        self._serial = Serial("erasure")
+        self._store: ErasureStore | None = None
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._admin_hash = hash_token(self._admin_token())
+        self._store = await self._serial(ErasureStore, self._path)
+
+    async def stop(self) -> None:
+        for task in list(self._running):
+            await asyncio.wait({task}, timeout=30)
+        if self._store is not None:
+            await self._serial(self._store.close)
+        self._serial.shutdown()
+
+    @property
+    def store(self) -> ErasureStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        handlers: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
+            "create": self.create, "verify": self.verify, "discover": self.discover,
+            "decide": self.decide, "execute": self.execute, "get": self.get,
+            "metrics": self.metrics,
+        }
+        for operation, handler in handlers.items():
+            router.subscriber(subjects.admin(f"erasure.{operation}"))(
+                replying(self._operator_only(handler)))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    def _operator_only(self, handler: Callable[[Envelope], Awaitable[Contract]],
+                       ) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            envelope = parse(Envelope, payload)
+            if not envelope.token or not secrets.compare_digest(hash_token(envelope.token),
+                                                                self._admin_hash):
+                raise UnauthenticatedError("the operator token is required")
+            return await handler(envelope)
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    # --- stages ---
+
+    async def _request(self, envelope: Envelope, *expected: Status) -> RequestRow:
+        row = await self._serial(self.store.get, envelope.params.get("requestId", ""))
+        if row is None:
+            raise NotFoundError("no such erasure request")
+        if expected and Status(row.status) not in expected:
+            raise ConflictError(f"the request is {row.status}; this step needs it "
+                                f"{' or '.join(s.value for s in expected)}",
+                                {"status": row.status})
+        return row
+
+    async def create(self, envelope: Envelope) -> ErasureView:
+        intake = parse(ErasureIntake, envelope.body)
+        now = self._now()
+        row = await self._serial(self.store.create, intake.workspace_id,
+                                 intake.subject.member_id, intake.subject.external_id, now,
+                                 now + DUE_AFTER)
+        return self._view(row)
+
+    async def verify(self, envelope: Envelope) -> ErasureView:
+        row = await self._request(envelope, Status.RECEIVED)
+        body = parse(VerifyIdentity, envelope.body)
+        if row.member_id is not None:  # a member must exist in the request's workspace
+            await self._bus.request(subjects.DIRECTORY_MEMBER, MemberRequest(
+                workspace_id=row.workspace_id, member_id=row.member_id), MemberPrincipal)
+        row.status, row.verified_at = Status.VERIFIED.value, self._now()
+        row.verification_method, row.verified_by = body.method, body.verified_by
+        await self._serial(self.store.save, row)
+        return self._view(row)
+
+    async def discover(self, envelope: Envelope) -> ErasureView:
+        row = await self._request(envelope, Status.VERIFIED, Status.DISCOVERED)
+        counts = await self._sweep(row, erase=False, holds=[])
+        row.discovery = {layer: count for layer, (count, _) in counts.items()}
+        row.status = Status.DISCOVERED.value
+        await self._serial(self.store.save, row)
+        return self._view(row)
+
+    async def decide(self, envelope: Envelope) -> ErasureView:
+        row = await self._request(envelope, Status.DISCOVERED, Status.DECIDED)
+        body = parse(Decide, envelope.body)
+        row.holds, row.decision_reason = body.holds, body.reason
+        row.status = Status.DECIDED.value
+        await self._serial(self.store.save, row)
+        return self._view(row)
+
+    async def execute(self, envelope: Envelope) -> ErasureView:
+        row = await self._request(envelope, Status.DECIDED, Status.FAILED)  # FAILED: retry
+        row.status, row.failure = Status.EXECUTING.value, None
+        await self._serial(self.store.save, row)
+        task = asyncio.create_task(self._execute(row))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return self._view(row)
+
+    async def get(self, envelope: Envelope) -> ErasureView:
+        return self._view(await self._request(envelope))
+
+    async def metrics(self, envelope: Envelope) -> ErasureMetrics:
+        rows = await self._serial(self.store.all)
+        now = self._now()
+        open_rows = [r for r in rows if r.status not in (Status.COMPLETED, Status.FAILED)]
+        days = [(now - r.received_at).total_seconds() / 86400 for r in open_rows]
+        return ErasureMetrics(
+            open=len(open_rows), overdue=sum(now > r.due_at for r in open_rows),
+            completed=sum(r.status == Status.COMPLETED for r in rows),
+            days_in_process_max=round(max(days, default=0.0), 3),
+            days_in_process_median=round(statistics.median(days) if days else 0.0, 3))
+
+    # --- the layers ---
+
+    async def _target(self, row: RequestRow, *, erase: bool) -> SubjectTarget:
+        """The verified subject in its tenant; an end user's memories are found through the
+        spaces' entity map (which execution deletes last: it is the identity mapping)."""
+        target = SubjectTarget(tenant=row.workspace_id, member_id=row.member_id,
+                               external_id=row.external_id, erase=erase)
+        if row.external_id is None:
+            return target
+        found = await self._bus.request(subjects.spaces_internal("subject"),
+                                        target.model_copy(update={"erase": False}),
+                                        SubjectTarget)
+        return target.model_copy(update={"owners": found.owners})
+
+    async def _sweep(self, row: RequestRow, *, erase: bool,
+                     holds: list[str]) -> dict[str, tuple[int, list[str]]]:
+        target = await self._target(row, erase=erase)
+        partition = partition_of(row.workspace_id, self._partitions)
+        counts: dict[str, tuple[int, list[str]]] = {}
+        for layer in self._layers.values():
+            if layer.name in holds:
+                continue
+            if layer.subject is None:
+                counts[layer.name] = (0, [])
+            elif layer.name == "vector_index":  # derived from the memory store's records
+                counts[layer.name] = counts["memory_store"]
+            elif layer.name == "backups" and "eval_exports" in counts and erase:
+                counts[layer.name] = counts["eval_exports"]  # one key shreds both
+            else:
+                answer = await self._bus.request(layer.subject(partition), target, SubjectCount)
+                counts[layer.name] = (answer.count, answer.record_ids)
+        if erase and row.external_id is not None:
+            await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
+        return counts
+
+    async def _execute(self, row: RequestRow) -> None:
+        try:
+            counts = await self._sweep(row, erase=True, holds=row.holds or [])
+            done = self._now()
+            row.evidence = [Evidence(layer=name, erased=count, at=done,
+                                     how=self._layers[name].how).model_dump(mode="json")
+                            for name, (count, _) in counts.items()]
+            row.status, row.completed_at = Status.COMPLETED.value, done
+            row.member_id = row.external_id = None  # the identity goes with the data
+        except MemgateError as failure:
+            log.warning("erasure %s failed: %s", row.request_id, failure.code)
+            row.status, row.failure = Status.FAILED.value, failure.code.value
+        await self._serial(self.store.save, row)
+
+    @staticmethod
+    def _view(row: RequestRow) -> ErasureView:
+        return ErasureView(
+            request_id=row.request_id, workspace_id=row.workspace_id, status=Status(row.status),
+            received_at=row.received_at, due_at=row.due_at, verified_at=row.verified_at,
+            verification_method=row.verification_method, discovery=row.discovery,
+            holds=row.holds, decision_reason=row.decision_reason,
+            evidence=[Evidence.model_validate(e) for e in row.evidence],
+            completed_at=row.completed_at, failure=row.failure)
