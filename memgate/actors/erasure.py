@@ -210,8 +210,10 @@ class ErasureActor:
                                         SubjectTarget)
         return target.model_copy(update={"owners": found.owners})
 
-    async def _sweep(self, row: RequestRow, *, erase: bool,
-                     holds: list[str]) -> dict[str, tuple[int, list[str]]]:
+    async def _sweep(self, row: RequestRow, *, erase: bool, holds: list[str],
+                     done: Callable[[str, int], Awaitable[None]] | None = None,
+                     ) -> dict[str, tuple[int, list[str]]]:
+        """Ask every layer but those on hold; `done(layer, count)` after each."""
         target = await self._target(row, erase=erase)
         partition = partition_of(row.workspace_id, self._partitions)
         counts: dict[str, tuple[int, list[str]]] = {}
@@ -221,24 +223,33 @@ class ErasureActor:
             if layer.subject is None:
                 counts[layer.name] = (0, [])
             elif layer.name == "vector_index":  # derived from the memory store's records
-                counts[layer.name] = counts["memory_store"]
+                counts[layer.name] = counts.get("memory_store") or await self._ask(
+                    layer.subject(partition), target.model_copy(update={"erase": False}))
             elif layer.name == "backups" and "eval_exports" in counts and erase:
                 counts[layer.name] = counts["eval_exports"]  # one key shreds both
             else:
-                answer = await self._bus.request(layer.subject(partition), target, SubjectCount)
-                counts[layer.name] = (answer.count, answer.record_ids)
-        if erase and row.external_id is not None:
+                counts[layer.name] = await self._ask(layer.subject(partition), target)
+            if done is not None:
+                await done(layer.name, counts[layer.name][0])
+        if erase and row.external_id is not None:  # last: the identity mapping
             await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
         return counts
 
+    async def _ask(self, subject: str, target: SubjectTarget) -> tuple[int, list[str]]:
+        answer = await self._bus.request(subject, target, SubjectCount)
+        return answer.count, answer.record_ids
+
     async def _execute(self, row: RequestRow) -> None:
+        row.evidence = []
+
+        async def done(layer: str, count: int) -> None:  # progress, visible to `GET`
+            row.evidence.append(Evidence(layer=layer, erased=count, at=self._now(),
+                                         how=self._layers[layer].how).model_dump(mode="json"))
+            await self._serial(self.store.save, row)
+
         try:
-            counts = await self._sweep(row, erase=True, holds=row.holds or [])
-            done = self._now()
-            row.evidence = [Evidence(layer=name, erased=count, at=done,
-                                     how=self._layers[name].how).model_dump(mode="json")
-                            for name, (count, _) in counts.items()]
-            row.status, row.completed_at = Status.COMPLETED.value, done
+            await self._sweep(row, erase=True, holds=row.holds or [], done=done)
+            row.status, row.completed_at = Status.COMPLETED.value, self._now()
             row.member_id = row.external_id = None  # the identity goes with the data
         except MemgateError as failure:
             log.warning("erasure %s failed: %s", row.request_id, failure.code)

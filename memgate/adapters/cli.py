@@ -18,6 +18,7 @@ from memgate.app.settings import Settings
 from memgate.app.system import internal_logins
 from memgate.app.serve import run_actors, serve
 from memgate.app.supervisor import ChildFailedError
+from memgate.adapters import cli_erasure
 from memgate.adapters.mcp_server import serve_stdio
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
@@ -272,6 +273,9 @@ def request(method: str, path: str, body: Annotated[str | None, typer.Argument()
     (member token from --token/MEMGATE_TOKEN, else the operator's MEMGATE_ADMIN_TOKEN)."""
     _call(method.upper(), url, path, _member(token) or _operator(),
           json.loads(body) if body else None)
+
+
+cli_erasure.command(admin, lambda: ClientSettings().url, _operator)
 
 
 def main() -> None:
