@@ -266,7 +266,8 @@ async def test_openapi_lists_every_real_status_and_no_422(memgate: Memgate) -> N
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             statuses = set(operation["responses"])
-            assert "422" not in statuses, (method, path)
+            # FastAPI's own 422 nowhere; memgate's UNPROCESSABLE on memory-space routes only
+            assert "422" not in statuses or path.startswith("/memory/"), (method, path)
             if path == "/healthz":
                 continue
             assert {"200", "400", "401", "403", "404", "413", "503"} <= statuses, (method, path)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
@@ -78,6 +79,7 @@ class EmbedderActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.embed(self.partition, "rank"))(replying(self.rank))
+        router.subscriber(subjects.embed(self.partition, "drop"))(replying(self.drop))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -140,10 +142,20 @@ class EmbedderActor:
         await self.embed_missing({owner: await self.catch_up(owner, seq)
                                   for owner, seq in stored.items()})
         for owner, ids in deleted.items():
-            await self._store_thread(self.vectors.delete, ids)
-            catalog = self._catalogs.get(owner)
-            if catalog is not None:
-                catalog.remove(ids)
+            await self._remove(owner, ids)
+
+    async def _remove(self, owner: Owner, ids: list[str]) -> int:
+        """Delete these versions' vectors and forget them; how many vectors there were."""
+        held = await self._store_thread(self.vectors.delete, ids)
+        catalog = self._catalogs.get(owner)
+        if catalog is not None:
+            catalog.remove(ids)
+        return held
+
+    async def drop(self, payload: bytes) -> SubjectCount:
+        """For an erasure: the versions' vectors gone now, from the file and from memory."""
+        request = parse(Drop, payload)
+        return SubjectCount(count=await self._remove(request.owner, request.memory_ids))
 
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its

@@ -23,12 +23,13 @@ from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Envelope
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.erasure import (
-    LAYERS, Decide, ErasureIntake, ErasureMetrics, ErasureView, Evidence, Status, SubjectCount,
-    SubjectTarget, VerifyIdentity,
+    LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureView, Evidence, Status,
+    SubjectCount, SubjectTarget, VerifyIdentity,
 )
 from memgate.contracts.errors import (
     ConflictError, MemgateError, NotFoundError, UnauthenticatedError,
 )
+from memgate.contracts.internal import Owner
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, ready_route
 from memgate.storage.directory import hash_token
@@ -56,8 +57,8 @@ def _layers() -> dict[str, Layer]:
         Layer("memory_store", lambda p: subjects.store(p, "subject"),
               "deleted in the partition's DuckDB file, then the file compacted"),
         Layer("vector_index", lambda p: subjects.store(p, "subject"),
-              "dropped by the indexer and the embedder on the memory store's MemoriesDeleted "
-              "events (the owner's Tantivy index rebuilt, the vectors deleted)"),
+              "dropped by the indexer and the embedder before completion: the owner's Tantivy "
+              "index rebuilt without them, their vectors deleted, their catalog rows forgotten"),
         Layer("conversation_logs", lambda p: subjects.sessions_internal("subject"),
               "session events deleted, the file compacted"),
         Layer("traces_logs", None,
@@ -217,27 +218,45 @@ class ErasureActor:
         target = await self._target(row, erase=erase)
         partition = partition_of(row.workspace_id, self._partitions)
         counts: dict[str, tuple[int, list[str]]] = {}
+        stored: dict[str, SubjectCount] = {}
         for layer in self._layers.values():
             if layer.name in holds:
                 continue
             if layer.subject is None:
                 counts[layer.name] = (0, [])
             elif layer.name == "vector_index":  # derived from the memory store's records
-                counts[layer.name] = counts.get("memory_store") or await self._ask(
-                    layer.subject(partition), target.model_copy(update={"erase": False}))
+                counts[layer.name] = await self._vectors(
+                    target, partition, stored.get("memory_store"))
             elif layer.name == "backups" and "eval_exports" in counts and erase:
                 counts[layer.name] = counts["eval_exports"]  # one key shreds both
             else:
-                counts[layer.name] = await self._ask(layer.subject(partition), target)
+                answer = await self._bus.request(layer.subject(partition), target, SubjectCount)
+                stored[layer.name] = answer
+                counts[layer.name] = (answer.count, answer.record_ids)
             if done is not None:
                 await done(layer.name, counts[layer.name][0])
         if erase and row.external_id is not None:  # last: the identity mapping
             await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
         return counts
 
-    async def _ask(self, subject: str, target: SubjectTarget) -> tuple[int, list[str]]:
-        answer = await self._bus.request(subject, target, SubjectCount)
-        return answer.count, answer.record_ids
+    async def _vectors(self, target: SubjectTarget, partition: str,
+                       memories: SubjectCount | None) -> tuple[int, list[str]]:
+        """The BM25 and vector indexes hold what the memory store holds. Erasing, they drop
+        the erased versions now (idempotent with the events that drop them too), so nothing of
+        the subject is left in an index or a catalog in memory when the erasure completes."""
+        if memories is None:  # the memory store is on hold: count only
+            memories = await self._bus.request(subjects.store(partition, "subject"),
+                                               target.model_copy(update={"erase": False}),
+                                               SubjectCount)
+        if not target.erase:
+            return memories.count, memories.record_ids
+        dropped = 0
+        for owner, ids in memories.by_owner.items():
+            drop = Drop(owner=Owner(tenant=target.tenant, subject_id=owner), memory_ids=ids)
+            await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount)
+            dropped += (await self._bus.request(subjects.embed(partition, "drop"), drop,
+                                                SubjectCount)).count
+        return dropped, memories.record_ids
 
     async def _execute(self, row: RequestRow) -> None:
         row.evidence = []

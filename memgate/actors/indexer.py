@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
@@ -69,6 +70,7 @@ class IndexerActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.index(self.partition, "rank"))(replying(self.rank))
+        router.subscriber(subjects.index(self.partition, "drop"))(replying(self.drop))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -117,6 +119,13 @@ class IndexerActor:
                 return
             items = await self._texts(owner, None)
             await self._serial(index.rebuild, items)
+
+    async def drop(self, payload: bytes) -> SubjectCount:
+        """For an erasure: the versions gone from the catalog and the index files now."""
+        request = parse(Drop, payload)
+        held = (await self._index(request.owner)).ids.intersection(request.memory_ids)
+        await self.remove(request.owner, request.memory_ids)
+        return SubjectCount(count=len(held))
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work

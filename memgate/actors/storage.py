@@ -272,17 +272,16 @@ class StorageActor:
         owners = ({target.member_id: None} if target.member_id is not None
                   else dict(target.owners))
 
-        def sweep() -> list[str]:
-            ids: list[str] = []
-            for owner, namespaces in owners.items():
-                ids += (self._delete(target.tenant, owner, namespaces=namespaces)
-                        if target.erase else self.store.held_by(target.tenant, owner, namespaces))
-            return ids
+        def sweep() -> dict[str, list[str]]:
+            return {owner: self._delete(target.tenant, owner, namespaces=namespaces)
+                    if target.erase else self.store.held_by(target.tenant, owner, namespaces)
+                    for owner, namespaces in owners.items()}
 
-        ids = await self._serial(sweep)
+        by_owner = await self._serial(sweep)
         if target.erase:
             self._relay.wake()
-        return SubjectCount(count=len(ids), record_ids=ids)
+        ids = [i for found in by_owner.values() for i in found]
+        return SubjectCount(count=len(ids), record_ids=ids, by_owner=by_owner)
 
     async def texts(self, payload: bytes) -> Texts:
         """Masked texts for the indexer and embedder, which keep none of their own copies."""

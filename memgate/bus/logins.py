@@ -86,11 +86,11 @@ ROLES: Final[dict[str, Role]] = {
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.index(ANY, ANY), _ready("indexer", partitioned=True)),
-        callers=("recall",), jetstream=True),
+        callers=("recall", "erasure"), jetstream=True),
     "embedder": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
-        callers=("recall",), jetstream=True),
+        callers=("recall", "erasure"), jetstream=True),
     "spaces": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
@@ -98,7 +98,8 @@ ROLES: Final[dict[str, Role]] = {
         callers=("erasure",)),
     "erasure": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),
-                 subjects.store(ANY, "subject"), subjects.sessions_internal("subject"),
+                 subjects.store(ANY, "subject"), subjects.index(ANY, "drop"),
+                 subjects.embed(ANY, "drop"), subjects.sessions_internal("subject"),
                  subjects.keys_internal("subject")),
         subscribe=(subjects.admin("erasure.>"), _ready("erasure"))),
     "nats-authority": Role(

@@ -9,6 +9,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field, model_validator
 
 from memgate.contracts.base import Contract, Id
+from memgate.contracts.internal import Owner
 
 # The six layers of SPEC §5.2, in the order execution erases them.
 LAYERS = ("memory_store", "vector_index", "conversation_logs", "traces_logs", "eval_exports",
@@ -116,9 +117,18 @@ class SubjectCount(Contract):
 
     count: int
     record_ids: list[str] = Field(default_factory=list)  # for the audit log (ids, not content)
+    by_owner: dict[str, list[str]] = Field(default_factory=dict)  # storage owner → its ids
+
+
+class Drop(Contract):
+    """Drop these versions of an owner from an index now (an erasure does not wait for the
+    events that would drop them too); answered with how many the index held."""
+
+    owner: Owner
+    memory_ids: list[str]
 
 
 __all__ = [
-    "LAYERS", "Decide", "ErasureIntake", "ErasureMetrics", "ErasureSubject", "ErasureView",
+    "LAYERS", "Decide", "Drop", "ErasureIntake", "ErasureMetrics", "ErasureSubject", "ErasureView",
     "Evidence", "Status", "SubjectCount", "SubjectTarget", "VerifyIdentity",
 ]

@@ -53,5 +53,7 @@ class VectorStore:
         if fresh:
             self._db.executemany("INSERT INTO vectors VALUES (?, ?, ?, ?)", fresh)
 
-    def delete(self, ids: list[str]) -> None:
-        self._db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id)", [ids])
+    def delete(self, ids: list[str]) -> int:
+        """How many of these there were."""
+        return len(self._db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id) "
+                                    "RETURNING memory_id", [ids]).fetchall())
