@@ -181,6 +181,8 @@ FORBIDDEN = {
                "mem.int.dir.principal"],
     "erasure": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.store.p0.purge",
                 "mem.cmd.forget"],
+    "sessions": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.dir.member",
+                 "mem.int.spaces.entity", "mem.cmd.remember"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

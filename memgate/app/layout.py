@@ -39,7 +39,7 @@ def groups(settings: Settings) -> list[Group]:
     the commands in flight still find every actor while it drains."""
     partitions = settings.partition_names()
     return [
-        Group("store", frozenset({"directory", "registry", "spaces", "erasure",
+        Group("store", frozenset({"directory", "registry", "spaces", "sessions", "erasure",
                                   *(f"storage.{p}" for p in partitions)})),
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
                                   *(f"embedder.{p}" for p in partitions)})),

@@ -71,6 +71,15 @@ class Settings(BaseSettings):
     # its llmBaseUrl may point at (the operator's allowlist).
     spaces_llm_models: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_MODELS))
     spaces_llm_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_HOSTS))
+    # Sessions (SPEC §4.3): may a lifecycle strategy use the `never` trigger; the longest ttl or
+    # idle a trigger may name (2 years); how often due strategies run, and how a failed
+    # extraction is retried (base delay, doubling up to the max) and how long one may take.
+    sessions_never_enabled: bool = False
+    sessions_max_ttl_s: int = Field(default=2 * 365 * 24 * 3600, ge=1)
+    lifecycle_interval_s: float = Field(default=60.0, gt=0)
+    lifecycle_retry_s: float = Field(default=30.0, gt=0)
+    lifecycle_retry_max_s: float = Field(default=3600.0, gt=0)
+    lifecycle_extract_timeout_s: float = Field(default=120.0, gt=0)
 
     embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
     embedding_tokenizer: Path = BUNDLED_TOKENIZER

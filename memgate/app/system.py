@@ -21,6 +21,7 @@ from memgate.actors.indexer import IndexerActor
 from memgate.actors.nats_authority import NatsAuthorityActor
 from memgate.actors.recall import RecallActor
 from memgate.actors.registry import RegistryActor
+from memgate.actors.sessions import SessionsActor
 from memgate.actors.spaces import SpacesActor
 from memgate.actors.storage import StorageActor
 from memgate.app.settings import Settings
@@ -28,6 +29,7 @@ from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
+from memgate.policy.lifecycle import Rules
 from memgate.runtime.actor import Actor
 from memgate.storage import Limits
 
@@ -65,6 +67,13 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
         SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
                     partitions=settings.partitions, llm_models=settings.spaces_llm_models,
                     llm_hosts=settings.spaces_llm_hosts),
+        SessionsActor(path=data / "sessions.duckdb", bus=bus("sessions"),
+                      rules=Rules(never_enabled=settings.sessions_never_enabled,
+                                  max_ttl_s=settings.sessions_max_ttl_s),
+                      interval_s=settings.lifecycle_interval_s,
+                      retry_s=settings.lifecycle_retry_s,
+                      retry_max_s=settings.lifecycle_retry_max_s,
+                      extract_timeout_s=settings.lifecycle_extract_timeout_s),
         RecallActor.on_bus(bus("recall"), partitions=settings.partitions,
                            window=settings.recall_window,
                            rrf_k=settings.recall_rrf_k,
@@ -94,7 +103,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "erasure", "governance", "recall", "registry", "spaces"]
+    names = ["directory", "erasure", "governance", "recall", "registry", "sessions",
+             "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

@@ -95,6 +95,11 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
                    subjects.spaces_internal(">"), _ready("spaces")),
+        callers=("erasure", "sessions")),
+    "sessions": Role(
+        publish=(subjects.spaces_internal("access"), subjects.space_memories_internal("extract")),
+        subscribe=(subjects.space("sessions.>"), subjects.sessions_internal(">"),
+                   _ready("sessions")),
         callers=("erasure",)),
     "erasure": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),

@@ -53,6 +53,12 @@ def keys_internal(operation: str) -> str:
     return f"mem.int.keys.{operation}"
 
 
+def space_memories_internal(operation: str) -> str:
+    """The space-memories actor's answers to other actors: `extract` (the sessions actor's
+    extract_memories strategy)."""
+    return f"mem.int.spacemem.{operation}"
+
+
 def store(partition: str, operation: str) -> str:
     """An operation of the storage actor that owns `partition`."""
     return f"mem.int.store.{partition}.{operation}"

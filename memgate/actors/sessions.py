@@ -1,0 +1,479 @@
+"""The sessions actor: chat-history sessions of memory spaces, their events, and the lifecycle
+strategies that end them (SPEC §4.2, §4.3).
+
+It owns `DIR/sessions.duckdb` (single writer). Every command carries a member token and asks
+the spaces actor first (`mem.int.spaces.access`): reads need CAN_VIEW; creating sessions,
+posting and editing events, and updating sessions need CAN_UPDATE; deleting needs CAN_DELETE.
+Access is resolved afresh at every request, so a revoked share bites at once.
+
+Sequence ids are issued on the worker thread (`Serial`), one command at a time, so concurrent
+appends get 0, 1, 2… without gaps or duplicates; a batch is one DuckDB transaction.
+
+The lifecycle scheduler (`run_due`, every `interval_s`, with an injectable clock) runs the due
+strategies: extract_memories first (the masked events go to `mem.int.spacemem.extract`; the
+strategy counts as run only once that succeeded, else it is retried with exponential backoff),
+then soft_delete (the session and its events leave every read at once). A soft_delete is not
+held up by a failing extraction; an extraction that fell due before the session was hidden keeps
+being retried from the hidden events until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
+
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts import Contract, Done, Envelope
+from memgate.contracts.errors import (
+    ForbiddenError, NotFoundError, PreconditionFailedError, UnauthenticatedError,
+    UnprocessableError, ValidationFailedError,
+)
+from memgate.contracts.sessions import (
+    EVENT_BODY_MAX_BYTES, MAX_BATCH, CreateSession, EditEvent, Emitter, EventBatch, EventIn,
+    EventList, EventsQuery, EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun,
+    NoBody, PatchSession, SessionView, Strategy, Trigger,
+)
+from memgate.contracts.spaces import AccessRequest, Permission, SpaceAccess
+from memgate.policy import lifecycle
+from memgate.policy.masking import mask
+from memgate.ports.bus import Requester
+from memgate.runtime.actor import Serial, ready_route
+from memgate.storage.directory import hash_token
+from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
+
+log = logging.getLogger("memgate.sessions")
+
+Clock = Callable[[], datetime]
+Handler = Callable[[Envelope], Awaitable[Contract]]
+
+EXTRACT_SUBJECT = subjects.space_memories_internal("extract")
+REPLY_BUDGET_BYTES = 4 * 1024 * 1024  # event bodies in one reply (the bus carries 8 MiB)
+TICK = timedelta(milliseconds=1)  # instants are kept to the millisecond, as JSON clients send them
+DEFAULT_RULES = lifecycle.Rules()
+_SEQUENCE = re.compile(r"^\d{1,15}$")
+_VERSION = re.compile(r'^(?:W/)?"?(\d{1,15})"?$')
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ms(instant: datetime) -> datetime:
+    return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+
+
+def mask_json(value: JsonValue) -> JsonValue:
+    """Every string in a JSON value masked like memory text (SPEC §3.2), object keys included.
+    Depth is bounded by the contracts (`EventIn`), so recursion is safe."""
+    if isinstance(value, str):
+        return mask(value).text
+    if isinstance(value, list):
+        return [mask_json(item) for item in value]
+    if isinstance(value, dict):
+        return {mask(key).text: mask_json(item) for key, item in value.items()}
+    return value
+
+
+def _strategy_json(strategy: Strategy) -> dict[str, Any]:
+    return strategy.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _strategies(row: SessionRow) -> list[Strategy]:
+    return [Strategy.model_validate(item) for item in row.strategies]
+
+
+def _ran(row: SessionRow) -> dict[str, Trigger]:
+    return {kind: Trigger.model_validate(run.trigger) for kind, run in row.runs.items()}
+
+
+def _view(row: SessionRow) -> SessionView:
+    runs = [LifecycleRun(type=kind, trigger=Trigger.model_validate(run.trigger),  # type: ignore[arg-type]
+                         ran_at=run.ran_at) for kind, run in sorted(row.runs.items())]
+    return SessionView(id=row.session_id, space_id=row.space_id,
+                       participants=list(row.participants), description=row.description,
+                       lifecycle_strategies=_strategies(row), lifecycle_runs=runs,
+                       version=row.version, created_at=row.created_at, updated_at=row.updated_at,
+                       last_event_at=row.last_event_at, event_count=row.next_seq)
+
+
+def _event_view(event: EventRow) -> EventView:
+    return EventView(sequence_id=event.sequence_id, body=json.loads(event.body),
+                     emitter=Emitter(type=event.emitter_type, id=event.emitter_id),
+                     event_type=event.event_type, created_at=event.created_at,
+                     updated_at=event.updated_at)
+
+
+def _extract_text(event: EventRow) -> str:
+    body = json.loads(event.body)
+    content = body.get("content") if isinstance(body, dict) else None
+    return f"{event.emitter_type}: {content if isinstance(content, str) else event.body}"
+
+
+def _masked_body(body: JsonValue, index: int | None = None) -> str:
+    text = json.dumps(mask_json(body), ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode()) > EVENT_BODY_MAX_BYTES:
+        field = "body" if index is None else f"events.{index}.body"
+        raise ValidationFailedError("the request is not valid", {"problems": [
+            {"field": field, "problem": f"at most {EVENT_BODY_MAX_BYTES} bytes of JSON"}]})
+    return text
+
+
+def _if_match(envelope: Envelope) -> int | None:
+    """The version an `If-Match` header names (`3`, `"3"`, `W/"3"`); None for none or `*`."""
+    header = envelope.params.get("ifMatch")
+    if header is None or header.strip() == "*":
+        return None
+    found = _VERSION.match(header.strip())
+    if found is None:
+        raise ValidationFailedError("the request is not valid", {"problems": [
+            {"field": "If-Match", "problem": "must name a session version"}]})
+    return int(found.group(1))
+
+
+@dataclass
+class _Retry:
+    attempts: int
+    next_at: datetime
+
+
+class SessionsActor:
+    name = "sessions"
+
+    def __init__(self, *, path: Path, bus: Requester, rules: lifecycle.Rules = DEFAULT_RULES,
+                 now: Clock = system_clock, interval_s: float | None = 60.0,
+                 retry_s: float = 30.0, retry_max_s: float = 3600.0,
+                 extract_timeout_s: float = 120.0) -> None:
+        self._path = path
+        self._bus = bus
+        self._rules = rules
+        self._now = now
+        self._interval_s = interval_s
+        self._retry_s, self._retry_max_s = retry_s, retry_max_s
+        self._extract_timeout_s = extract_timeout_s
+        self._serial = Serial(self.name)
+        self._store: SessionStore | None = None
+        self._retries: dict[tuple[str, str], _Retry] = {}
+        self._running = asyncio.Lock()
+        self._ticker: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> SessionStore:
+        assert self._store is not None, "start() first"
+        return self._store
+
+    async def start(self) -> None:
+        self._store = await self._serial(SessionStore, self._path)
+        if self._interval_s is not None:
+            self._ticker = asyncio.create_task(self._tick(self._interval_s))
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        async with self._running:  # a run in progress finishes first
+            if self._store is not None:
+                await self._serial(self._store.close)
+                self._store = None
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        handlers: dict[str, Handler] = {
+            "create": self.create, "get": self.get, "patch": self.patch, "delete": self.delete,
+            "events.append": self.append, "events.list": self.events,
+            "events.edit": self.edit,
+        }
+        for operation, handler in handlers.items():
+            router.subscriber(subjects.space(f"sessions.{operation}"))(
+                replying(self._enveloped(handler)))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    @staticmethod
+    def _enveloped(handler: Handler) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            return await handler(parse(Envelope, payload))
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    def _clock(self) -> datetime:
+        return _ms(self._now().astimezone(UTC))
+
+    # --- who is calling, and which session ---
+
+    async def _allowed(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
+        if not envelope.token:
+            raise UnauthenticatedError("a member token is required")
+        access = await self._bus.request(
+            subjects.spaces_internal("access"),
+            AccessRequest(token_hash=hash_token(envelope.token),
+                          space_id=envelope.params.get("spaceId", "")), SpaceAccess)
+        if not access.allows(permission):
+            if not access.allows(Permission.CAN_VIEW):
+                raise NotFoundError("no such memory space")
+            raise ForbiddenError("your role in this memory space does not allow this",
+                                 {"permission": permission.value})
+        return access
+
+    def _visible(self, access: SpaceAccess, session_id: str) -> SessionRow:
+        """On the worker thread: the session, if it is in the caller's space and not hidden."""
+        row = self.store.session(session_id)
+        if row is None or not row.visible or row.space_id != access.space_id:
+            raise NotFoundError("no such session")
+        return row
+
+    # --- sessions ---
+
+    async def create(self, envelope: Envelope) -> SessionView:
+        access = await self._allowed(envelope, Permission.CAN_UPDATE)
+        body = parse(CreateSession, envelope.body)
+        strategies = (lifecycle.default_strategies() if body.lifecycle_strategies is None
+                      else lifecycle.validate(body.lifecycle_strategies, rules=self._rules,
+                                              has_llm=access.llm_model_name is not None))
+        participants = list(dict.fromkeys(p.lower() for p in body.participants))
+        now = self._clock()
+        expires = lifecycle.hidden_at(strategies, created_at=now, last_event_at=None)
+        row = await self._serial(self.store.create, access.space_id, access.workspace_id,
+                                 participants, mask(body.description).text,
+                                 [_strategy_json(s) for s in strategies], now, expires)
+        return _view(row)
+
+    async def get(self, envelope: Envelope) -> SessionView:
+        access = await self._allowed(envelope, Permission.CAN_VIEW)
+        parse(NoBody, envelope.body)
+        return _view(await self._serial(self._visible, access,
+                                        envelope.params.get("sessionId", "")))
+
+    async def patch(self, envelope: Envelope) -> SessionView:
+        access = await self._allowed(envelope, Permission.CAN_UPDATE)
+        body = parse(PatchSession, envelope.body)
+        expected = _if_match(envelope)
+        session_id = envelope.params.get("sessionId", "")
+        now = self._clock()
+
+        def apply() -> SessionRow:
+            row = self._visible(access, session_id)
+            if expected is not None and expected != row.version:
+                raise PreconditionFailedError("the session changed since that version; re-read it",
+                                              {"version": row.version})
+            strategies = _strategies(row)
+            if "lifecycle_strategies" in body.model_fields_set:
+                strategies = lifecycle.validate(
+                    body.lifecycle_strategies, rules=self._rules,
+                    has_llm=access.llm_model_name is not None, current=strategies,
+                    ran=_ran(row))
+            description = (row.description if body.description is None
+                           else mask(body.description).text)
+            expires = lifecycle.hidden_at(strategies, created_at=row.created_at,
+                                          last_event_at=row.last_event_at)
+            return self.store.update(row, description=description,
+                                     strategies=[_strategy_json(s) for s in strategies],
+                                     now=max(now, row.updated_at), expires_at=expires)
+
+        return _view(await self._serial(apply))
+
+    async def delete(self, envelope: Envelope) -> Done:
+        """The session and its events leave the disk (rows on legal hold are only hidden)."""
+        access = await self._allowed(envelope, Permission.CAN_DELETE)
+        parse(NoBody, envelope.body)
+        expected = _if_match(envelope)
+        session_id = envelope.params.get("sessionId", "")
+        now = self._clock()
+
+        def apply() -> None:
+            row = self._visible(access, session_id)
+            if expected is not None and expected != row.version:
+                raise PreconditionFailedError("the session changed since that version; re-read it",
+                                              {"version": row.version})
+            self.store.delete(row, now)
+            for kind in ("soft_delete", "extract_memories"):
+                self._retries.pop((session_id, kind), None)
+
+        await self._serial(apply)
+        return Done()
+
+    # --- events ---
+
+    async def append(self, envelope: Envelope) -> Contract:
+        """One event (→ the event), or `{events: [...]}` (→ all of them, in one transaction)."""
+        access = await self._allowed(envelope, Permission.CAN_UPDATE)
+        batch = "events" in envelope.body
+        if batch:
+            count = envelope.body["events"]
+            if isinstance(count, list) and not 1 <= len(count) <= MAX_BATCH:
+                raise UnprocessableError(f"a batch holds 1 to {MAX_BATCH} events",
+                                         {"field": "events", "max": MAX_BATCH})
+            events = parse(EventBatch, envelope.body).events
+        else:
+            events = [parse(EventIn, envelope.body)]
+        new = [NewEvent(e.emitter.type, e.emitter.id, e.event_type,
+                        _masked_body(e.body, n if batch else None))
+               for n, e in enumerate(events)]
+        session_id = envelope.params.get("sessionId", "")
+        now = self._clock()
+
+        def apply() -> list[EventRow]:
+            row = self._visible(access, session_id)
+            at = max(now, row.last_event_at or now)  # last_event_at never moves back
+            expires = lifecycle.hidden_at(_strategies(row), created_at=row.created_at,
+                                          last_event_at=at)
+            return self.store.append(row, new, at, expires)[1]
+
+        stored = await self._serial(apply)
+        if not batch:
+            return _event_view(stored[0])
+        return EventList(events=[_event_view(event) for event in stored])
+
+    async def events(self, envelope: Envelope) -> EventList:
+        access = await self._allowed(envelope, Permission.CAN_VIEW)
+        query = parse(EventsQuery, envelope.body)
+        session_id = envelope.params.get("sessionId", "")
+
+        def read() -> list[EventRow]:
+            self._visible(access, session_id)
+            return self.store.events(session_id, query.last_n)
+
+        found = await self._serial(read)
+        kept: list[EventRow] = []
+        budget = REPLY_BUDGET_BYTES
+        for event in reversed(found):  # the newest first, while they fit
+            budget -= len(event.body) + 200
+            if budget < 0:
+                break
+            kept.append(event)
+        return EventList(events=[_event_view(event) for event in reversed(kept)],
+                         truncated=len(kept) < len(found))
+
+    async def edit(self, envelope: Envelope) -> EventView:
+        """A new body; with `createdAt`, refused (412 PRECONDITION_FAILED) when the event was
+        changed after that instant (its `updatedAt` is later): re-read, then retry."""
+        access = await self._allowed(envelope, Permission.CAN_UPDATE)
+        raw = envelope.params.get("sequenceId", "")
+        if not _SEQUENCE.match(raw):
+            raise ValidationFailedError("the request is not valid", {"problems": [
+                {"field": "sequenceId", "problem": "must be a whole number from 0"}]})
+        body = parse(EditEvent, envelope.body)
+        masked = _masked_body(body.body)
+        session_id = envelope.params.get("sessionId", "")
+        now = self._clock()
+
+        def apply() -> EventRow:
+            self._visible(access, session_id)
+            event = self.store.event(session_id, int(raw))
+            if event is None:
+                raise NotFoundError("no such event")
+            if body.created_at is not None and event.updated_at > body.created_at:
+                raise PreconditionFailedError(
+                    "the event changed after createdAt; re-read it",
+                    {"sequenceId": event.sequence_id,
+                     "updatedAt": event.updated_at.isoformat().replace("+00:00", "Z")})
+            return self.store.edit(session_id, event, masked, max(now, event.updated_at + TICK))
+
+        return _event_view(await self._serial(apply))
+
+    # --- the lifecycle scheduler ---
+
+    async def _tick(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.run_due()
+            except Exception as exc:  # keep ticking; the reason's type only (no content)
+                log.error("lifecycle run failed: %s", type(exc).__name__)
+
+    def _due(self, now: datetime) -> list[tuple[str, Strategy]]:
+        """On the worker thread: (session, strategy) pairs due now, not waiting for a retry."""
+        found: list[tuple[str, Strategy]] = []
+        for row in self.store.sessions():
+            if row.legal_hold:  # use is restricted: no lifecycle either
+                continue
+            ran = _ran(row)
+            for strategy in lifecycle.due(_strategies(row), now=now, created_at=row.created_at,
+                                          last_event_at=row.last_event_at, ran=ran):
+                if not row.visible:  # only an extraction due before it was hidden remains
+                    when = lifecycle.due_at(strategy.trigger, created_at=row.created_at,
+                                            last_event_at=row.last_event_at)
+                    assert row.hidden_at is not None
+                    if strategy.type != "extract_memories" or when is None or \
+                            when > row.hidden_at:
+                        continue
+                retry = self._retries.get((row.session_id, strategy.type))
+                if retry is None or retry.next_at <= now:
+                    found.append((row.session_id, strategy))
+        return found
+
+    async def run_due(self) -> list[tuple[str, str]]:
+        """Run every strategy due at the clock's now; the (session id, type) pairs that ran."""
+        async with self._running:
+            if self._store is None:
+                return []
+            now = self._clock()
+            ran: list[tuple[str, str]] = []
+            for session_id, strategy in await self._serial(self._due, now):
+                if strategy.type == "soft_delete":
+                    done = await self._serial(self._soft_delete, session_id, strategy, now)
+                else:
+                    done = await self._extract(session_id, strategy, now)
+                if done:
+                    ran.append((session_id, strategy.type))
+            return ran
+
+    def _soft_delete(self, session_id: str, strategy: Strategy, now: datetime) -> bool:
+        row = self.store.session(session_id)
+        if row is None or not row.visible or strategy.type in row.runs:
+            return False
+        self.store.hide(row, now, (strategy.type, _strategy_json(strategy)["trigger"]))
+        return True
+
+    async def _extract(self, session_id: str, strategy: Strategy, now: datetime) -> bool:
+        def read() -> tuple[SessionRow, list[EventRow]] | None:
+            row = self.store.session(session_id)
+            if row is None or strategy.type in row.runs:
+                return None
+            return row, self.store.all_events(session_id)
+
+        found = await self._serial(read)
+        if found is None:
+            return False
+        row, events = found
+        if events:
+            request = ExtractRequest(
+                space_id=row.space_id, workspace_id=row.tenant, session_id=row.session_id,
+                participants=list(row.participants),
+                events=[ExtractEvent(sequence_id=e.sequence_id, text=_extract_text(e))
+                        for e in events])
+            try:
+                await self._bus.request(EXTRACT_SUBJECT, request, Extracted,
+                                        timeout=self._extract_timeout_s)
+            except Exception as exc:  # LLM down, timeout, malformed answer: later, again
+                self._failed(session_id, strategy.type, now, exc)
+                return False
+        trigger = _strategy_json(strategy)["trigger"]
+
+        def record() -> bool:
+            current = self.store.session(session_id)
+            if current is None:  # deleted meanwhile
+                return False
+            self.store.ran(current, strategy.type, trigger, now)
+            return True
+
+        self._retries.pop((session_id, strategy.type), None)
+        return await self._serial(record)
+
+    def _failed(self, session_id: str, kind: str, now: datetime, exc: Exception) -> None:
+        previous = self._retries.get((session_id, kind))
+        attempts = 1 if previous is None else previous.attempts + 1
+        wait = lifecycle.backoff(attempts, base_s=self._retry_s, max_s=self._retry_max_s)
+        self._retries[(session_id, kind)] = _Retry(attempts, now + timedelta(seconds=wait))
+        log.warning("%s of session %s failed (%s); attempt %d, next in %.0f s", kind,
+                    session_id, type(exc).__name__, attempts, wait)

@@ -1,0 +1,331 @@
+"""Sessions and their events (the conversation log of memory spaces, SPEC §4.2): a DuckDB file
+owned by the sessions actor, which is its only writer. Session rows are mirrored in memory;
+events are read from the file.
+
+Every row carries the fields of SPEC §5.1: `tenant` (the workspace), `subject_ids` (the
+session's participants: a conversation is about each of them, and erasure finds it by any),
+`classification`, `derived_from`, `created_at`, `expires_at` (when soft_delete will hide it,
+as known now; NULL when no strategy will), `legal_hold`. Event bodies are stored masked.
+Instants are naive UTC in the file, aware UTC outside this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from memgate.storage.directory import new_id
+
+CLASSIFICATION = "personal"  # a conversation log is personal data about its participants
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id     VARCHAR   PRIMARY KEY,
+    space_id       VARCHAR   NOT NULL,
+    tenant         VARCHAR   NOT NULL,  -- workspace id (SPEC §5.1)
+    subject_ids    VARCHAR[] NOT NULL,  -- the participants
+    description    VARCHAR   NOT NULL,  -- masked
+    strategies     VARCHAR   NOT NULL,  -- JSON: [{type, trigger}]
+    version        BIGINT    NOT NULL,
+    next_seq       BIGINT    NOT NULL,  -- the sequenceId of the next event
+    classification VARCHAR   NOT NULL,
+    derived_from   VARCHAR[] NOT NULL,
+    created_at     TIMESTAMP NOT NULL,
+    updated_at     TIMESTAMP NOT NULL,
+    last_event_at  TIMESTAMP,
+    expires_at     TIMESTAMP,
+    hidden_at      TIMESTAMP,            -- soft_delete ran (or deleted while on legal hold)
+    legal_hold     BOOLEAN   NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lifecycle_runs (
+    session_id VARCHAR NOT NULL, type VARCHAR NOT NULL, trigger VARCHAR NOT NULL,
+    ran_at TIMESTAMP NOT NULL, PRIMARY KEY (session_id, type)
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id     VARCHAR   NOT NULL,
+    sequence_id    BIGINT    NOT NULL,
+    space_id       VARCHAR   NOT NULL,
+    tenant         VARCHAR   NOT NULL,
+    subject_ids    VARCHAR[] NOT NULL,
+    emitter_type   VARCHAR   NOT NULL,
+    emitter_id     VARCHAR   NOT NULL,
+    event_type     VARCHAR   NOT NULL,
+    body           VARCHAR   NOT NULL,  -- masked JSON
+    classification VARCHAR   NOT NULL,
+    derived_from   VARCHAR[] NOT NULL,
+    created_at     TIMESTAMP NOT NULL,
+    updated_at     TIMESTAMP NOT NULL,
+    expires_at     TIMESTAMP,
+    legal_hold     BOOLEAN   NOT NULL,
+    PRIMARY KEY (session_id, sequence_id)
+);
+"""
+
+_SESSION_COLUMNS = ("session_id", "space_id", "tenant", "subject_ids", "description",
+                    "strategies", "version", "next_seq", "classification", "derived_from",
+                    "created_at", "updated_at", "last_event_at", "expires_at", "hidden_at",
+                    "legal_hold")
+_EVENT_COLUMNS = ("sequence_id", "emitter_type", "emitter_id", "event_type", "body",
+                  "created_at", "updated_at")
+
+
+def _naive(instant: datetime | None) -> datetime | None:
+    return None if instant is None else instant.astimezone(UTC).replace(tzinfo=None)
+
+
+def _utc(instant: datetime) -> datetime:
+    return instant.replace(tzinfo=UTC)
+
+
+def _aware(instant: datetime | None) -> datetime | None:
+    return None if instant is None else _utc(instant)
+
+
+@dataclass(frozen=True)
+class Run:
+    trigger: dict[str, Any]
+    ran_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: str
+    space_id: str
+    tenant: str
+    participants: tuple[str, ...]
+    description: str
+    strategies: tuple[dict[str, Any], ...]
+    version: int
+    next_seq: int
+    created_at: datetime
+    updated_at: datetime
+    last_event_at: datetime | None = None
+    expires_at: datetime | None = None
+    hidden_at: datetime | None = None
+    legal_hold: bool = False
+    runs: dict[str, Run] = field(default_factory=dict)
+
+    @property
+    def visible(self) -> bool:
+        return self.hidden_at is None
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    emitter_type: str
+    emitter_id: str
+    event_type: str
+    body: str  # masked, compact JSON
+
+
+@dataclass(frozen=True)
+class EventRow:
+    sequence_id: int
+    emitter_type: str
+    emitter_id: str
+    event_type: str
+    body: str
+    created_at: datetime
+    updated_at: datetime
+
+
+def _event(values: Sequence[Any]) -> EventRow:
+    row = dict(zip(_EVENT_COLUMNS, values, strict=True))
+    row["created_at"], row["updated_at"] = _utc(row["created_at"]), _utc(row["updated_at"])
+    return EventRow(**row)
+
+
+class SessionStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = duckdb.connect(str(path))
+        self._db.execute(_SCHEMA)
+        runs: dict[str, dict[str, Run]] = {}
+        for session_id, kind, trigger, ran_at in self._db.execute(
+                "SELECT * FROM lifecycle_runs").fetchall():
+            runs.setdefault(session_id, {})[kind] = Run(json.loads(trigger), _utc(ran_at))
+        self._sessions: dict[str, SessionRow] = {}
+        for values in self._db.execute(
+                f"SELECT {', '.join(_SESSION_COLUMNS)} FROM sessions").fetchall():
+            row = dict(zip(_SESSION_COLUMNS, values, strict=True))
+            self._sessions[row["session_id"]] = SessionRow(
+                session_id=row["session_id"], space_id=row["space_id"], tenant=row["tenant"],
+                participants=tuple(row["subject_ids"]), description=row["description"],
+                strategies=tuple(json.loads(row["strategies"])), version=row["version"],
+                next_seq=row["next_seq"], created_at=_utc(row["created_at"]),
+                updated_at=_utc(row["updated_at"]),
+                last_event_at=_aware(row["last_event_at"]), expires_at=_aware(row["expires_at"]),
+                hidden_at=_aware(row["hidden_at"]), legal_hold=row["legal_hold"],
+                runs=runs.get(row["session_id"], {}))
+
+    def close(self) -> None:
+        self._db.execute("CHECKPOINT")
+        self._db.close()
+
+    # --- sessions ---
+
+    def session(self, session_id: str) -> SessionRow | None:
+        return self._sessions.get(session_id)
+
+    def sessions(self) -> list[SessionRow]:
+        return list(self._sessions.values())
+
+    def create(self, space_id: str, tenant: str, participants: Sequence[str], description: str,
+               strategies: Sequence[dict[str, Any]], now: datetime,
+               expires_at: datetime | None) -> SessionRow:
+        row = SessionRow(new_id("ses"), space_id, tenant, tuple(participants), description,
+                         tuple(strategies), 1, 0, now, now, expires_at=expires_at)
+        self._db.execute(
+            f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) VALUES "
+            f"({', '.join('?' * len(_SESSION_COLUMNS))})",
+            [row.session_id, space_id, tenant, list(participants), description,
+             json.dumps(list(strategies)), 1, 0, CLASSIFICATION, [], _naive(now), _naive(now),
+             None, _naive(expires_at), None, False])
+        self._sessions[row.session_id] = row
+        return row
+
+    def update(self, row: SessionRow, *, description: str, strategies: Sequence[dict[str, Any]],
+               now: datetime, expires_at: datetime | None) -> SessionRow:
+        """New fields and version + 1; the events' `expires_at` follows the session's."""
+        new = replace(row, description=description, strategies=tuple(strategies),
+                      version=row.version + 1, updated_at=now, expires_at=expires_at)
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute(
+                "UPDATE sessions SET description = ?, strategies = ?, version = ?, "
+                "updated_at = ?, expires_at = ? WHERE session_id = ?",
+                [description, json.dumps(list(strategies)), new.version, _naive(now),
+                 _naive(expires_at), row.session_id])
+            self._db.execute("UPDATE events SET expires_at = ? WHERE session_id = ?",
+                             [_naive(expires_at), row.session_id])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._sessions[row.session_id] = new
+        return new
+
+    def hide(self, row: SessionRow, now: datetime, run: tuple[str, dict[str, Any]] | None
+             ) -> SessionRow:
+        """Gone from every read at once (soft_delete, recorded as run when `run` is given)."""
+        runs = dict(row.runs)
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("UPDATE sessions SET hidden_at = ? WHERE session_id = ?",
+                             [_naive(now), row.session_id])
+            if run is not None:
+                self._record(row.session_id, run[0], run[1], now)
+                runs[run[0]] = Run(run[1], now)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        new = replace(row, hidden_at=now, runs=runs)
+        self._sessions[row.session_id] = new
+        return new
+
+    def ran(self, row: SessionRow, kind: str, trigger: dict[str, Any], now: datetime
+            ) -> SessionRow:
+        self._record(row.session_id, kind, trigger, now)
+        new = replace(row, runs={**row.runs, kind: Run(trigger, now)})
+        self._sessions[row.session_id] = new
+        return new
+
+    def _record(self, session_id: str, kind: str, trigger: dict[str, Any], now: datetime) -> None:
+        self._db.execute("INSERT OR REPLACE INTO lifecycle_runs VALUES (?, ?, ?, ?)",
+                         [session_id, kind, json.dumps(trigger), _naive(now)])
+
+    def delete(self, row: SessionRow, now: datetime) -> None:
+        """The session and its events, from disk; rows on legal hold are hidden and kept."""
+        self._db.execute("BEGIN")
+        try:
+            for table in ("events", "lifecycle_runs", "sessions"):
+                hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
+                self._db.execute(f"DELETE FROM {table} WHERE session_id = ?{hold}",
+                                 [row.session_id])
+            if row.legal_hold:
+                self._db.execute("UPDATE sessions SET hidden_at = ? WHERE session_id = ?",
+                                 [_naive(now), row.session_id])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        if row.legal_hold:
+            self._sessions[row.session_id] = replace(row, hidden_at=now, runs={})
+        else:
+            del self._sessions[row.session_id]
+
+    # --- events ---
+
+    def append(self, row: SessionRow, events: Sequence[NewEvent], now: datetime,
+               expires_at: datetime | None) -> tuple[SessionRow, list[EventRow]]:
+        """All of `events` in one transaction, numbered from the session's next sequenceId,
+        or none of them."""
+        first = row.next_seq
+        stored = [EventRow(first + n, e.emitter_type, e.emitter_id, e.event_type, e.body, now,
+                           now) for n, e in enumerate(events)]
+        placeholders = ", ".join(["(" + ", ".join("?" * 15) + ")"] * len(stored))
+        values: list[Any] = []
+        for event in stored:
+            values += [row.session_id, event.sequence_id, row.space_id, row.tenant,
+                       list(row.participants), event.emitter_type, event.emitter_id,
+                       event.event_type, event.body, CLASSIFICATION, [], _naive(now),
+                       _naive(now), _naive(expires_at), row.legal_hold]
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute(f"INSERT INTO events VALUES {placeholders}", values)
+            self._db.execute(
+                "UPDATE sessions SET next_seq = ?, last_event_at = ?, expires_at = ? "
+                "WHERE session_id = ?",
+                [first + len(stored), _naive(now), _naive(expires_at), row.session_id])
+            if expires_at != row.expires_at:  # an idle trigger moved it for every event
+                self._db.execute("UPDATE events SET expires_at = ? WHERE session_id = ?",
+                                 [_naive(expires_at), row.session_id])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        new = replace(row, next_seq=first + len(stored), last_event_at=now,
+                      expires_at=expires_at)
+        self._sessions[row.session_id] = new
+        return new, stored
+
+    def events(self, session_id: str, last_n: int) -> list[EventRow]:
+        """The newest `last_n` events not on legal hold, oldest first."""
+        rows = self._db.execute(
+            f"SELECT {', '.join(_EVENT_COLUMNS)} FROM events WHERE session_id = ? "
+            "AND NOT legal_hold ORDER BY sequence_id DESC LIMIT ?",
+            [session_id, last_n]).fetchall()
+        return [_event(values) for values in reversed(rows)]
+
+    def all_events(self, session_id: str) -> list[EventRow]:
+        rows = self._db.execute(
+            f"SELECT {', '.join(_EVENT_COLUMNS)} FROM events WHERE session_id = ? "
+            "AND NOT legal_hold ORDER BY sequence_id", [session_id]).fetchall()
+        return [_event(values) for values in rows]
+
+    def event(self, session_id: str, sequence_id: int) -> EventRow | None:
+        found = self._db.execute(
+            f"SELECT {', '.join(_EVENT_COLUMNS)} FROM events WHERE session_id = ? "
+            "AND sequence_id = ? AND NOT legal_hold", [session_id, sequence_id]).fetchone()
+        return None if found is None else _event(found)
+
+    def edit(self, session_id: str, event: EventRow, body: str, now: datetime) -> EventRow:
+        self._db.execute("UPDATE events SET body = ?, updated_at = ? WHERE session_id = ? "
+                         "AND sequence_id = ?",
+                         [body, _naive(now), session_id, event.sequence_id])
+        return replace(event, body=body, updated_at=now)
+
+    # --- erasure (SPEC §5.2, layer 3): what is held about a participant ---
+
+    def count_for_subject(self, tenant: str, subject_id: str) -> int:
+        found = self._db.execute(
+            "SELECT count(*) FROM events WHERE tenant = ? AND list_contains(subject_ids, ?)",
+            [tenant, subject_id]).fetchone()
+        return int(found[0]) if found else 0
