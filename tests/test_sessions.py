@@ -4,6 +4,7 @@ on the real bus, the real spaces actor and a real DuckDB file."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -600,3 +601,22 @@ async def test_a_strategy_update_moves_the_deadline(timed: OnTheClock) -> None:
     clock.advance(120)
     assert await timed.actor.run_due() == []
     assert (await ok(memgate, "GET", path, space.owner.token))["version"] == 2
+
+
+async def test_the_erasure_actor_reaches_a_participants_conversation_logs(
+        memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    await ok(memgate, "POST", f"{space.sessions}/{session['id']}/events", space.owner.token,
+             event("hello"))
+    erasure = await memgate.internal("erasure")  # on the erasure actor's own NATS login
+    target = {"tenant": space.owner.workspace_id, "externalId": PARTICIPANT}
+    found = await erasure.request("mem.int.sessions.subject", json.dumps(target).encode(),
+                                  timeout=5)
+    assert json.loads(found.data)["result"]["recordIds"] == [session["id"], f"{session['id']}/0"]
+    erased = await erasure.request("mem.int.sessions.subject",
+                                   json.dumps({**target, "erase": True}).encode(), timeout=5)
+    assert json.loads(erased.data)["result"]["count"] == 2
+    refused(await call(memgate, "GET", f"{space.sessions}/{session['id']}", space.owner.token),
+            404, "NOT_FOUND")
+    assert "hello" not in duckdb_events(memgate.settings.data_dir)

@@ -33,6 +33,7 @@ from pydantic import JsonValue
 
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
+from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.errors import (
     ForbiddenError, NotFoundError, PreconditionFailedError, UnauthenticatedError,
     UnprocessableError, ValidationFailedError,
@@ -195,6 +196,7 @@ class SessionsActor:
         for operation, handler in handlers.items():
             router.subscriber(subjects.space(f"sessions.{operation}"))(
                 replying(self._enveloped(handler)))
+        router.subscriber(subjects.sessions_internal("subject"))(replying(self.subject))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -380,6 +382,23 @@ class SessionsActor:
             return self.store.edit(session_id, event, masked, max(now, event.updated_at + TICK))
 
         return _event_view(await self._serial(apply))
+
+    # --- erasure (SPEC §5.2, layer 3: conversation logs) ---
+
+    async def subject(self, payload: bytes) -> SubjectCount:
+        """What the conversation logs hold about an end user (a participant: `externalId`) in
+        a tenant; with `erase`, their sessions and events are deleted (not those on legal
+        hold). Members are never participants (participants are 24-hex ObjectIds)."""
+        target = parse(SubjectTarget, payload)
+        if target.external_id is None:
+            return SubjectCount(count=0)
+        subject_id = target.external_id.lower()
+        operation = self.store.erase_subject if target.erase else self.store.of_subject
+        records = await self._serial(operation, target.tenant, subject_id)
+        for record in records:
+            for kind in ("soft_delete", "extract_memories"):
+                self._retries.pop((record, kind), None)
+        return SubjectCount(count=len(records), record_ids=records)
 
     # --- the lifecycle scheduler ---
 

@@ -324,8 +324,38 @@ class SessionStore:
 
     # --- erasure (SPEC §5.2, layer 3): what is held about a participant ---
 
-    def count_for_subject(self, tenant: str, subject_id: str) -> int:
-        found = self._db.execute(
-            "SELECT count(*) FROM events WHERE tenant = ? AND list_contains(subject_ids, ?)",
-            [tenant, subject_id]).fetchone()
-        return int(found[0]) if found else 0
+    def of_subject(self, tenant: str, subject_id: str) -> list[str]:
+        """The ids of the records about `subject_id` in `tenant`, legal holds left out: its
+        sessions (`<sessionId>`) and their events (`<sessionId>/<sequenceId>`)."""
+        sessions = sorted(row.session_id for row in self._sessions.values()
+                          if row.tenant == tenant and subject_id in row.participants
+                          and not row.legal_hold)
+        if not sessions:
+            return []
+        events = self._db.execute(
+            "SELECT session_id, sequence_id FROM events WHERE tenant = ? AND "
+            "list_contains(subject_ids, ?) AND NOT legal_hold ORDER BY ALL",
+            [tenant, subject_id]).fetchall()
+        return sessions + [f"{session_id}/{sequence_id}" for session_id, sequence_id in events]
+
+    def erase_subject(self, tenant: str, subject_id: str) -> list[str]:
+        """Delete every session of `subject_id` in `tenant`, with its events (not those on
+        legal hold): the ids of what was deleted."""
+        erased = self.of_subject(tenant, subject_id)
+        sessions = [record for record in erased if "/" not in record]
+        if not sessions:
+            return []
+        self._db.execute("BEGIN")
+        try:
+            for table in ("events", "lifecycle_runs", "sessions"):
+                hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
+                self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id)"
+                                 f"{hold}", [sessions])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("CHECKPOINT")
+        for session_id in sessions:
+            del self._sessions[session_id]
+        return erased

@@ -17,6 +17,7 @@ import pytest
 from memgate.actors.sessions import EXTRACT_SUBJECT, SessionsActor
 from memgate.bus import subjects
 from memgate.contracts import Contract, ErrorCode
+from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.errors import MemgateError, UnavailableError
 from memgate.contracts.sessions import (
     EventList, EventView, Extracted, ExtractRequest, SessionView,
@@ -250,3 +251,28 @@ async def test_a_consumer_is_refused_writes_and_nobody_without_view_sees_anythin
         await world.post(session, "hi")
     assert refused.value.code is ErrorCode.FORBIDDEN
     assert (await world.command("get", {}, SessionView, sessionId=session.id)).id == session.id
+
+
+async def test_erasure_finds_and_deletes_the_sessions_of_a_participant(world: World) -> None:
+    other = "67500a0000000000000000ff"
+    theirs = await world.session()
+    await world.post(theirs, "one", "two")
+    mine: SessionView = await world.command(
+        "create", {"participants": [other]}, SessionView)
+    await world.post(mine, "kept")
+    ask = subjects.sessions_internal("subject")
+    found = await world.bus.call(ask, SubjectTarget(tenant="ws", external_id=PARTICIPANT.upper()),
+                                 SubjectCount)
+    assert found.record_ids == [theirs.id, f"{theirs.id}/0", f"{theirs.id}/1"]
+    elsewhere = await world.bus.call(ask, SubjectTarget(tenant="other", external_id=PARTICIPANT),
+                                     SubjectCount)
+    assert elsewhere.count == 0
+    erased = await world.bus.call(ask, SubjectTarget(tenant="ws", external_id=PARTICIPANT,
+                                                     erase=True), SubjectCount)
+    assert erased.count == 3
+    with pytest.raises(MemgateError) as gone:
+        await world.command("get", {}, SessionView, sessionId=theirs.id)
+    assert gone.value.code is ErrorCode.NOT_FOUND
+    assert (await world.bus.call(ask, SubjectTarget(tenant="ws", external_id=PARTICIPANT),
+                                 SubjectCount)).count == 0
+    assert (await world.command("get", {}, SessionView, sessionId=mine.id)).event_count == 1
