@@ -183,6 +183,8 @@ FORBIDDEN = {
                 "mem.cmd.forget"],
     "sessions": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.dir.member",
                  "mem.int.spaces.entity", "mem.cmd.remember"],
+    "reaper": ["mem.evt.p0.memory", "mem.int.store.p0.purge", "mem.int.store.p0.forget",
+               "mem.int.store.p0.texts", "mem.cmd.forget"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

@@ -7,6 +7,8 @@ settings at every use so that demotion and revocation bite at once.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,9 +30,12 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
+from memgate.contracts.internal import Reaped, Retentions
 from memgate.contracts.registry import Scope as ContextScope
 from memgate.contracts.registry import ScopeRequest
 from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
+
+log = logging.getLogger("memgate.directory")
 
 AdminHandler = Callable[[Envelope], Awaitable[Contract]]
 
@@ -64,12 +69,15 @@ class DirectoryActor:
         self._admin_hash = ""
         self._serial = Serial("directory")
         self._store: DirectoryStore | None = None
+        self._sweeps: set[asyncio.Task[None]] = set()  # reaper sweeps asked for, not awaited
 
     async def start(self) -> None:
         self._admin_hash = hash_token(self._admin_token())
         self._store = await self._serial(DirectoryStore, self._path)
 
     async def stop(self) -> None:
+        for task in self._sweeps:
+            task.cancel()
         if self._store is not None:
             await self._serial(self._store.close)
         self._serial.shutdown()
@@ -85,6 +93,7 @@ class DirectoryActor:
         router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
         router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
         router.subscriber(subjects.DIRECTORY_MEMBER)(replying(self.member_principal))
+        router.subscriber(subjects.DIRECTORY_RETENTION)(replying(self.retention))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
             "members.add": self.add_member,
@@ -153,6 +162,23 @@ class DirectoryActor:
                                    settings=_settings(workspace))
 
         return await self._serial(resolve)
+
+    async def retention(self, payload: bytes) -> Retentions:
+        """For the reaper: every workspace's retentionDays."""
+        return Retentions(retention_days=await self._serial(self.store.retention))
+
+    def _sweep_soon(self) -> None:
+        """Retention changed: ask the reaper to sweep now (not awaited; a failure only waits
+        for its next scheduled sweep)."""
+        async def sweep() -> None:
+            try:
+                await self._bus.request(subjects.REAPER_SWEEP, b"{}", Reaped, timeout=300)
+            except Exception as exc:
+                log.warning("directory: the reaper was not reached (%s)", type(exc).__name__)
+
+        task = asyncio.create_task(sweep())
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
 
     # --- who is calling an admin command ---
 
@@ -291,7 +317,10 @@ class DirectoryActor:
             assert workspace is not None
             return _settings(workspace)
 
-        return await self._serial(put)
+        settings = await self._serial(put)
+        if body.retention_days is not None:
+            self._sweep_soon()
+        return settings
 
     # --- NATS credentials of agents (the embedded server's users) ---
 

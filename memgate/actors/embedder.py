@@ -28,6 +28,7 @@ from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.compaction import Compactions
 from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
@@ -47,6 +48,8 @@ class EmbedderActor:
         self._model_thread = Serial(f"{self.name}.model")
         self._store_thread = Serial(f"{self.name}.store")
         self._vectors: VectorStore | None = None
+        self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
+                                        f"{self.name}.vectors")
         self._embedder: OnnxEmbedder | None = None
         self._batcher: Batcher | None = None
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
@@ -143,6 +146,7 @@ class EmbedderActor:
                                   for owner, seq in stored.items()})
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
+        await self.compacted()  # acked (and so done) once the vectors left the file
 
     async def _remove(self, owner: Owner, ids: list[str]) -> int:
         """Delete these versions' vectors and forget them; how many vectors there were."""
@@ -155,7 +159,14 @@ class EmbedderActor:
     async def drop(self, payload: bytes) -> SubjectCount:
         """For an erasure: the versions' vectors gone now, from the file and from memory."""
         request = parse(Drop, payload)
-        return SubjectCount(count=await self._remove(request.owner, request.memory_ids))
+        count = await self._remove(request.owner, request.memory_ids)
+        await self.compacted()
+        return SubjectCount(count=count)
+
+    async def compacted(self) -> None:
+        """Once every vector deleted so far has left the file's bytes."""
+        if self.vectors.deletions_pending:
+            await self._compactions.after_deletion()
 
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its

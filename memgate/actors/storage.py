@@ -11,19 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
 from memgate.runtime.batching import GroupCommit
+from memgate.runtime.compaction import Compactions
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Consumers, Publisher
 from memgate.bus.streams import OutboxRelay
 from memgate.contracts import (
-    ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
+    Contract, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
 )
 from memgate.contracts.errors import (
     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
@@ -37,17 +38,23 @@ from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters, RecallScope, Rows,
     RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts, TextsRequest,
 )
+from memgate.contracts.internal import Reaped, StoreReap
 from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
     encode_cursor,
 )
 
 log = logging.getLogger("memgate.storage")
+C = TypeVar("C")
 
 # Remembers taken in at once: those that arrive while a commit runs share the next one (at most
 # GROUP_CAP); the others (list, forget, ...) are handled one at a time, in order.
 GROUP_CAP = 128
 REMEMBERS_AT_ONCE = 2 * GROUP_CAP
+# The operations that delete answer only once the file is rewritten without the deleted rows
+# (SPEC §5.4); taken in together, so that those arriving while one waits share its rewrite.
+DELETIONS = frozenset({"forget", "purge", "subject", "reap"})
+DELETIONS_AT_ONCE = 64
 
 
 def citations_of(row: Row) -> list[Citation]:
@@ -77,6 +84,7 @@ class StorageActor:
                                                         cap=GROUP_CAP)
         self._events_subject = subjects.memory_events(partition)
         self._store: MemoryStore | None = None
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._relay = OutboxRelay(
             publisher, prefix=partition,
             pending=lambda: self._serial(self.store.pending_events),
@@ -101,15 +109,20 @@ class StorageActor:
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        for operation, handler in {
+        handlers: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "remember": self.remember, "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
-            "purge": self.purge, "subject": self.subject,
-        }.items():
+            "purge": self.purge, "subject": self.subject, "reap": self.reap,
+        }
+        for operation, handler in handlers.items():
+            workers = 1
+            if operation == "remember":
+                workers = REMEMBERS_AT_ONCE
+            elif operation in DELETIONS:
+                workers, handler = DELETIONS_AT_ONCE, self._compacting(handler)
             router.subscriber(subjects.store(self.partition, operation),
-                              max_workers=REMEMBERS_AT_ONCE if operation == "remember" else 1,
-                              )(replying(handler))
+                              max_workers=workers)(replying(handler))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -215,6 +228,23 @@ class StorageActor:
             created_at=list(columns[5]), superseded_at=list(columns[6]),
             legal_hold=list(columns[7]))
 
+    def _compacting(self, handler: Callable[[bytes], Awaitable[C]]
+                    ) -> Callable[[bytes], Awaitable[C]]:
+        """`handler`, answering once what it deleted has left the file."""
+        async def compacting(payload: bytes) -> C:
+            result = await handler(payload)
+            await self.compacted()
+            return result
+
+        compacting.__name__ = handler.__name__
+        return compacting
+
+    async def compacted(self) -> None:
+        """Once every deletion committed so far has left the file's bytes (a no-op when there
+        was none since the last rewrite)."""
+        if self.store.deletions_pending:
+            await self._compactions.after_deletion()
+
     def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
         def event(owner: str, ids: list[str]) -> bytes:
             return MemoriesDeleted(partition=self.partition,
@@ -253,6 +283,7 @@ class StorageActor:
                         cascades.append({"cited_documents": event.document_ids})
                 for conditions in cascades:
                     await self._serial(partial(self._delete, tenant, None, **conditions))
+            await self.compacted()  # acked (and so done) once the bytes are gone
         finally:
             self._relay.wake()
 
@@ -282,6 +313,26 @@ class StorageActor:
             self._relay.wake()
         ids = [i for found in by_owner.values() for i in found]
         return SubjectCount(count=len(ids), record_ids=ids, by_owner=by_owner)
+
+    async def reap(self, payload: bytes) -> Reaped:
+        """Retention (SPEC §3.9): what is past its `expires_at` or its workspace's retentionDays
+        at the reaper's `now` goes, with what derives from it; legal holds stay. Done in this
+        single writer's transaction, so reapers that race find nothing the second time."""
+        command = parse(StoreReap, payload)
+        cutoffs = {tenant: command.now - timedelta(days=days)
+                   for tenant, days in command.retention_days.items()
+                   if partition_of(tenant, self._partitions) == self.partition}
+
+        def event(tenant: str, owner: str, ids: list[str]) -> bytes:
+            return MemoriesDeleted(partition=self.partition,
+                                   owner=Owner(tenant=tenant, subject_id=owner),
+                                   memory_ids=ids).to_json()
+
+        deleted = await self._serial(lambda: self.store.reap(
+            command.now, cutoffs, event_subject=self._events_subject, event=event))
+        if deleted:
+            self._relay.wake()
+        return Reaped(deleted=len(deleted))
 
     async def texts(self, payload: bytes) -> Texts:
         """Masked texts for the indexer and embedder, which keep none of their own copies."""

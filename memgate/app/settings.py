@@ -47,6 +47,9 @@ class Settings(BaseSettings):
 
     limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
     limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace
+    # How often the reaper purges what is past retention (SPEC §3.9); also at once when an
+    # owner changes retentionDays.
+    reaper_interval_s: float = Field(default=600.0, gt=0)
 
     # An operator's cap: rank only the newest N versions a recall's filters allow (None: all).
     recall_window: int | None = Field(default=None, ge=1)

@@ -19,6 +19,7 @@ from memgate.actors.erasure import ErasureActor
 from memgate.actors.governance import GovernanceActor
 from memgate.actors.indexer import IndexerActor
 from memgate.actors.nats_authority import NatsAuthorityActor
+from memgate.actors.reaper import ReaperActor
 from memgate.actors.recall import RecallActor
 from memgate.actors.registry import RegistryActor
 from memgate.actors.sessions import SessionsActor
@@ -62,6 +63,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
         GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
         RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                       publisher=publisher("registry")),
+        ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
+                    interval_s=settings.reaper_interval_s),
         ErasureActor(path=data / "erasure.duckdb", bus=bus("erasure"),
                      admin_token=lambda: admin_token(settings), partitions=settings.partitions),
         SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
@@ -103,7 +106,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "erasure", "governance", "recall", "registry", "sessions",
+    names = ["directory", "erasure", "governance", "reaper", "recall", "registry", "sessions",
              "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]

@@ -60,13 +60,13 @@ ROLES: Final[dict[str, Role]] = {
                  subjects.recall_internal(), SERVICE_REPLIES),
         subscribe=(*PUBLIC_COMMANDS, _ready("governance"))),
     "directory": Role(
-        publish=(subjects.NATS_RELOAD, subjects.registry("scope"),
+        publish=(subjects.NATS_RELOAD, subjects.registry("scope"), subjects.REAPER_SWEEP,
                  *(subjects.store(ANY, op) for op in ("list", "purge"))),
         subscribe=("mem.int.dir.>", _ready("directory"),
                    *(subjects.admin(f"{group}.>") for group in (
                        "workspaces", "members", "credentials", "settings", "self", "owner",
                        "nats"))),
-        callers=("governance", "registry", "nats-authority", "spaces", "erasure")),
+        callers=("governance", "registry", "nats-authority", "spaces", "erasure", "reaper")),
     "registry": Role(
         publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
         subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry")),
@@ -81,7 +81,7 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
         subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True)),
         callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
-                 "erasure"),
+                 "erasure", "reaper"),
         jetstream=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
@@ -107,6 +107,10 @@ ROLES: Final[dict[str, Role]] = {
                  subjects.embed(ANY, "drop"), subjects.sessions_internal("subject"),
                  subjects.keys_internal("subject")),
         subscribe=(subjects.admin("erasure.>"), _ready("erasure"))),
+    "reaper": Role(  # retention: asks, never reads or writes a store itself
+        publish=(subjects.DIRECTORY_RETENTION, subjects.store(ANY, "reap")),
+        subscribe=(subjects.REAPER_SWEEP, _ready("reaper")),
+        callers=("directory",)),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),

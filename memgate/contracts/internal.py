@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
@@ -178,3 +179,26 @@ class RecallQuery(Contract):
     context_set_id: str | None = None
     as_of: datetime | None = None
     limit: int
+
+
+class StoreReap(Contract):
+    """Retention (SPEC §3.9): delete every version past its `expires_at` at `now`, or older
+    than its workspace's retentionDays (those named here), legal holds kept."""
+
+    now: datetime
+    retention_days: dict[str, Annotated[int, Field(ge=1, le=365)]] = Field(
+        default_factory=dict)  # workspace id → days
+
+
+class Reaped(Contract):
+    deleted: int  # versions deleted (those derived from them included)
+
+
+class Retentions(Contract):
+    """Every workspace's retentionDays (the directory's answer to the reaper)."""
+
+    retention_days: dict[str, int]
+
+
+class RetentionRequest(Contract):
+    pass

@@ -113,6 +113,10 @@ class DirectoryStore:
     def workspace(self, workspace_id: str) -> WorkspaceRow | None:
         return self._workspaces.get(workspace_id)
 
+    def retention(self) -> dict[str, int]:
+        """Every workspace's retentionDays (for the reaper)."""
+        return {w.workspace_id: w.retention_days for w in self._workspaces.values()}
+
     def update_settings(self, workspace_id: str, *, agent_memories_enabled: bool | None,
                         retention_days: int | None) -> None:
         old = self._workspaces[workspace_id]

@@ -11,9 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
-from memgate.storage import outbox
+from memgate.storage import compaction, outbox
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
@@ -143,12 +141,18 @@ class MemoryStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
                          "DEFAULT '[]'")  # data directories from before citations
         highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")
         outbox.create(self._db, floor=highest)  # seq never repeats: events' ids come from it
+        compaction.create(self._db)
+        # Rows deleted since the file was last rewritten (read by the owner's event loop).
+        self.deletions_pending = compaction.pending(self._db)
+        if self.deletions_pending:  # deleted before a crash, not rewritten since
+            self.compact()
         self._last_created: datetime = last or datetime.min
         self._log_swept = datetime.min  # when rows older than an hour were last deleted
         # What the limits count, as committed, loaded per credential and owner on first use and
@@ -166,6 +170,16 @@ class MemoryStore:
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
+
+    def compact(self) -> None:
+        """Rewrite the file with only its live rows, so deleted text leaves every byte of it
+        (SPEC §5.4; `storage.compaction`). The in-memory counts stay valid: the rows do."""
+        self.deletions_pending = False  # a deletion from here on needs the next rewrite
+        try:
+            self._db = compaction.rewrite(self._db, self._path)
+        except BaseException:
+            self.deletions_pending = True
+            raise
 
     def _instant(self) -> datetime:
         """A creation instant later than every earlier one."""
@@ -449,24 +463,57 @@ class MemoryStore:
         if cited_documents is not None:
             clauses.append("list_has_any(json_extract_string(citations, '$[*].documentId'), ?)")
             params.append(cited_documents)
+        return self._purge(" AND ".join(clauses), params, event_subject,
+                           lambda _, owner, ids: event(owner, ids))
+
+    def reap(self, now: datetime, cutoffs: dict[str, datetime], *, event_subject: str,
+             event: Callable[[str, str, list[str]], bytes]) -> list[str]:
+        """Retention (SPEC §3.9, §5.1): hard-delete every version past its `expires_at`, or
+        created at or before its tenant's cutoff (now − the workspace's retentionDays), except
+        those on legal hold; what derives from them goes too. Deletes nothing the second time."""
+        tenants = sorted(cutoffs)
+        return self._purge(
+            "legal_hold = false AND (expires_at <= ? OR created_at <= (SELECT c.cutoff FROM "
+            "(SELECT unnest(?::VARCHAR[]) AS tenant, unnest(?::TIMESTAMP[]) AS cutoff) c "
+            "WHERE c.tenant = memories.tenant))",
+            [_naive(now), tenants, [_naive(cutoffs[t]) for t in tenants]], event_subject, event)
+
+    def _purge(self, where: str, params: list[Any], event_subject: str,
+               event: Callable[[str, str, list[str]], bytes]) -> list[str]:
+        """Delete the versions `where` selects, then, in the same transaction, every version
+        derived from a deleted one (`derived_from`, in its tenant, to the end of the chain;
+        legal holds kept); one event per owner; the file marked for compaction."""
         db = self._db
         db.begin()
         try:
-            rows = db.execute(f"DELETE FROM memories WHERE {' AND '.join(clauses)} "
-                              "RETURNING subject_id, memory_id", params).fetchall()
-            by_owner: dict[str, list[str]] = {}
-            for owner, deleted in rows:
-                by_owner.setdefault(owner, []).append(deleted)
-            for owner, ids in by_owner.items():
-                outbox.queue(db, event_subject, event(owner, ids))
+            rows = db.execute(f"DELETE FROM memories WHERE {where} "
+                              "RETURNING tenant, subject_id, memory_id", params).fetchall()
+            sources = rows
+            while sources:
+                sources = db.execute(
+                    "DELETE FROM memories WHERE legal_hold = false AND EXISTS (SELECT 1 FROM "
+                    "(SELECT unnest(?::VARCHAR[]) AS tenant, unnest(?::VARCHAR[]) AS id) s "
+                    "WHERE s.tenant = memories.tenant AND list_contains(memories.derived_from, "
+                    "s.id)) RETURNING tenant, subject_id, memory_id",
+                    [[r[0] for r in sources], [r[2] for r in sources]]).fetchall()
+                rows += sources
+            by_owner: dict[tuple[str, str], list[str]] = {}
+            for tenant, owner, deleted in rows:
+                by_owner.setdefault((tenant, owner), []).append(deleted)
+            for (tenant, owner), ids in by_owner.items():
+                outbox.queue(db, event_subject, event(tenant, owner, ids))
+            if rows:
+                compaction.mark(db)
             db.commit()
         except BaseException:
             db.rollback()
             raise
-        for owner, ids in by_owner.items():
-            if (tenant, owner) in self._counted:
-                self._counted[(tenant, owner)] -= len(ids)
-        return [deleted for _, deleted in rows]
+        for owner_key, ids in by_owner.items():
+            if owner_key in self._counted:
+                self._counted[owner_key] -= len(ids)
+        if rows:
+            self.deletions_pending = True
+        return [deleted for _, _, deleted in rows]
 
     def texts(self, tenant: str, subject_id: str,
               memory_ids: list[str] | None) -> list[tuple[str, str]]:

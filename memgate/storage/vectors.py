@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import numpy as np
+
+from memgate.storage import compaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vectors (
@@ -25,8 +26,24 @@ class VectorStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
+        compaction.create(self._db)
+        # Vectors deleted since the file was last rewritten (read by the embedder's loop).
+        self.deletions_pending = compaction.pending(self._db)
+        if self.deletions_pending:  # deleted before a crash, not rewritten since
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the file with only the live vectors: a deleted one leaves every byte of it
+        (SPEC §5.4; `storage.compaction`)."""
+        self.deletions_pending = False
+        try:
+            self._db = compaction.rewrite(self._db, self._path)
+        except BaseException:
+            self.deletions_pending = True
+            raise
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
@@ -55,5 +72,17 @@ class VectorStore:
 
     def delete(self, ids: list[str]) -> int:
         """How many of these there were."""
-        return len(self._db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id) "
-                                    "RETURNING memory_id", [ids]).fetchall())
+        db = self._db
+        db.begin()
+        try:
+            deleted = len(db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id) "
+                                     "RETURNING memory_id", [ids]).fetchall())
+            if deleted:
+                compaction.mark(db)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        if deleted:
+            self.deletions_pending = True
+        return deleted

@@ -1,0 +1,56 @@
+"""When an actor's deletions have left its files: compactions shared by the deletions before them.
+
+After a deletion commits, the owner of a DuckDB file rewrites it (`storage.compaction`) so the
+deleted bytes leave the disk, and only then reports the deletion done. A rewrite costs the whole
+file, so deletions share one: a run, queued on the owner's `Serial` thread behind them, covers
+every deletion that finished before it started. Deletions that finish while a run is queued (a
+burst of forgets, the 5,000 memories of an erasure) join it; one that finishes after the run has
+started waits for the next. No timer: an idle store compacts at once, a busy one in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from memgate.runtime.actor import Serial
+
+log = logging.getLogger("memgate.compaction")
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.started = False
+        self.done: asyncio.Future[None] | None = None
+
+
+class Compactions:
+    """Compactions of one file, run on its owner's serial thread by `compact`."""
+
+    def __init__(self, serial: Serial, compact: Callable[[], None], name: str) -> None:
+        self._serial = serial
+        self._compact = compact
+        self._name = name
+        self._queued: _Run | None = None
+        self.runs = 0  # completed, for tests and benches
+
+    async def after_deletion(self) -> None:
+        """Return once a compaction that started after this call (so after every deletion
+        already committed) has finished; raise if it failed (the deletion stays marked in the
+        file, and the next compaction, or the next start, rewrites it)."""
+        run = self._queued
+        if run is None or run.started:
+            run = self._queued = _Run()
+            run.done = asyncio.ensure_future(self._serial(self._run, run))
+        assert run.done is not None
+        await asyncio.shield(run.done)
+
+    def _run(self, run: _Run) -> None:
+        run.started = True  # read by the event loop: a deletion that sees it queues a new run
+        try:
+            self._compact()
+        except Exception as exc:
+            log.error("%s: compaction failed (%s)", self._name, type(exc).__name__)
+            raise
+        self.runs += 1
