@@ -11,7 +11,7 @@ reapers in several processes may race: the second finds nothing.
 Memories citing a deleted document or collection are purged by the storage actors themselves,
 as the registry's events arrive (their durable `storage-<p>-cascade` consumers).
 
-A sweep runs every `interval_s` (first `FIRST_SWEEP_S` after start, once the other actors
+A sweep runs every `interval_s` (the first `first_sweep_s` after start, once the other actors
 serve), and at once on request (`mem.int.reaper.sweep`: the directory asks when an owner changes
 retentionDays). The clock is injected (`now`): tests move time, they never wait.
 """
@@ -46,11 +46,13 @@ class ReaperActor:
     name = "reaper"
 
     def __init__(self, *, bus: Requester, partitions: int, interval_s: float,
-                 now: Callable[[], datetime] = utc_now) -> None:
+                 now: Callable[[], datetime] = utc_now,
+                 first_sweep_s: float = FIRST_SWEEP_S) -> None:
         self._bus = bus
         self._partitions = [f"p{i}" for i in range(partitions)]
         self._count = partitions
         self._interval = interval_s
+        self._first = first_sweep_s
         self._now = now
         self._task: asyncio.Task[None] | None = None
 
@@ -91,7 +93,7 @@ class ReaperActor:
         return deleted
 
     async def _schedule(self) -> None:
-        await asyncio.sleep(FIRST_SWEEP_S)
+        await asyncio.sleep(self._first)
         while True:
             try:
                 await self.sweep()
