@@ -106,6 +106,19 @@ def _view(row: SessionRow) -> SessionView:
                        last_event_at=row.last_event_at, event_count=row.next_seq)
 
 
+def _may_be_due(row: SessionRow, now: datetime) -> bool:
+    """A cheap first look at the stored strategies (no parsing): could any be due now?"""
+    for strategy in row.strategies:
+        if strategy["type"] in row.runs:
+            continue
+        trigger = strategy["trigger"]
+        start = row.created_at if "ttl" in trigger else row.last_event_at or row.created_at
+        seconds = trigger.get("ttl", trigger.get("idle"))
+        if seconds is not None and start + timedelta(seconds=seconds) <= now:
+            return True
+    return False
+
+
 def _event_view(event: EventRow) -> EventView:
     return EventView(sequence_id=event.sequence_id, body=json.loads(event.body),
                      emitter=Emitter(type=event.emitter_type, id=event.emitter_id),
@@ -414,7 +427,7 @@ class SessionsActor:
         """On the worker thread: (session, strategy) pairs due now, not waiting for a retry."""
         found: list[tuple[str, Strategy]] = []
         for row in self.store.sessions():
-            if row.legal_hold:  # use is restricted: no lifecycle either
+            if row.legal_hold or not _may_be_due(row, now):  # legal hold: use is restricted
                 continue
             ran = _ran(row)
             for strategy in lifecycle.due(_strategies(row), now=now, created_at=row.created_at,
