@@ -185,6 +185,10 @@ FORBIDDEN = {
                  "mem.int.spaces.entity", "mem.cmd.remember"],
     "reaper": ["mem.evt.p0.memory", "mem.int.store.p0.purge", "mem.int.store.p0.forget",
                "mem.int.store.p0.texts", "mem.cmd.forget"],
+    "keys": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.store.p0.rows",
+             "mem.cmd.recall", "mem.int.dir.principal"],
+    "audit": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.dump.directory.begin",
+              "mem.cmd.forget", "mem.int.keys.subject"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Requester
 from memgate.bus.logins import PUBLIC_COMMANDS
@@ -110,6 +111,7 @@ class DirectoryActor:
         }
         for operation, handler in admin.items():
             router.subscriber(subjects.admin(operation))(replying(self._enveloped(handler)))
+        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

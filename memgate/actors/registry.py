@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.bus.streams import OutboxRelay
 from memgate.contracts import Contract, Done, Envelope
@@ -78,6 +79,7 @@ class RegistryActor:
         for operation, internal in {"check_remember": self.check_remember, "scope": self.scope,
                                     "verify": self.verify}.items():
             router.subscriber(subjects.registry(operation))(replying(internal))
+        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

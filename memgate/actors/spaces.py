@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
@@ -88,6 +89,7 @@ class SpacesActor:
         }
         for operation, answer in internal.items():
             router.subscriber(subjects.spaces_internal(operation))(replying(answer))
+        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from memgate.runtime.actor import Serial, partition_of, ready_route
 from memgate.runtime.batching import GroupCommit
 from memgate.runtime.compaction import Compactions
+from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Consumers, Publisher
 from memgate.bus.streams import OutboxRelay
@@ -123,6 +124,7 @@ class StorageActor:
                 workers, handler = DELETIONS_AT_ONCE, self._compacting(handler)
             router.subscriber(subjects.store(self.partition, operation),
                               max_workers=workers)(replying(handler))
+        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 

@@ -18,7 +18,7 @@ from memgate.app.settings import Settings
 from memgate.app.system import internal_logins
 from memgate.app.serve import run_actors, serve
 from memgate.app.supervisor import ChildFailedError
-from memgate.adapters import cli_erasure
+from memgate.adapters import cli_backup, cli_erasure
 from memgate.adapters.mcp_server import serve_stdio
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
@@ -276,6 +276,7 @@ def request(method: str, path: str, body: Annotated[str | None, typer.Argument()
 
 
 cli_erasure.command(admin, lambda: ClientSettings().url, _operator)
+cli_backup.command(app, _operator)
 
 
 def main() -> None:

@@ -40,7 +40,8 @@ def groups(settings: Settings) -> list[Group]:
     partitions = settings.partition_names()
     return [
         Group("store", frozenset({"directory", "registry", "spaces", "sessions", "erasure",
-                                  "reaper", *(f"storage.{p}" for p in partitions)})),
+                                  "reaper", "keys", "audit",
+                                  *(f"storage.{p}" for p in partitions)})),
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
                                   *(f"embedder.{p}" for p in partitions)})),
         Group("recall", frozenset({"recall"}), stateless=True),

@@ -13,11 +13,13 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from memgate.actors.audit import AuditActor
 from memgate.actors.directory import DirectoryActor
 from memgate.actors.embedder import EmbedderActor
 from memgate.actors.erasure import ErasureActor
 from memgate.actors.governance import GovernanceActor
 from memgate.actors.indexer import IndexerActor
+from memgate.actors.keys import KeysActor
 from memgate.actors.nats_authority import NatsAuthorityActor
 from memgate.actors.reaper import ReaperActor
 from memgate.actors.recall import RecallActor
@@ -65,6 +67,10 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                       publisher=publisher("registry")),
         ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
                     interval_s=settings.reaper_interval_s),
+        KeysActor(root=data / "keys", bus=bus("keys"),
+                  admin_token=lambda: admin_token(settings),
+                  partitions=settings.partition_names()),
+        AuditActor(root=data / "audit", bus=bus("audit")),
         ErasureActor(path=data / "erasure.duckdb", bus=bus("erasure"),
                      admin_token=lambda: admin_token(settings), partitions=settings.partitions),
         SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
@@ -106,8 +112,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["directory", "erasure", "governance", "reaper", "recall", "registry", "sessions",
-             "spaces"]
+    names = ["audit", "directory", "erasure", "governance", "keys", "reaper", "recall", "registry",
+             "sessions", "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

@@ -62,15 +62,17 @@ ROLES: Final[dict[str, Role]] = {
     "directory": Role(
         publish=(subjects.NATS_RELOAD, subjects.registry("scope"), subjects.REAPER_SWEEP,
                  *(subjects.store(ANY, op) for op in ("list", "purge"))),
-        subscribe=("mem.int.dir.>", _ready("directory"),
+        subscribe=("mem.int.dir.>", _ready("directory"), subjects.dump("directory", ">"),
                    *(subjects.admin(f"{group}.>") for group in (
                        "workspaces", "members", "credentials", "settings", "self", "owner",
                        "nats"))),
-        callers=("governance", "registry", "nats-authority", "spaces", "erasure", "reaper")),
+        callers=("governance", "registry", "nats-authority", "spaces", "erasure", "reaper",
+                 "keys")),
     "registry": Role(
         publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
-        subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry")),
-        callers=("governance", "recall", "directory"), jetstream=True),
+        subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry"),
+                   subjects.dump("registry", ">")),
+        callers=("governance", "recall", "directory", "keys"), jetstream=True),
     "recall": Role(
         # recall reads from storage with several operations; none of them writes
         publish=(subjects.store(ANY, ANY), subjects.index(ANY, "rank"),
@@ -79,9 +81,10 @@ ROLES: Final[dict[str, Role]] = {
         callers=("governance",)),
     "storage": Role(
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
-        subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True)),
+        subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True),
+                   subjects.dump(f"storage.{ANY}", ">")),
         callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
-                 "erasure", "reaper"),
+                 "erasure", "reaper", "keys"),
         jetstream=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
@@ -94,8 +97,8 @@ ROLES: Final[dict[str, Role]] = {
     "spaces": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
-                   subjects.spaces_internal(">"), _ready("spaces")),
-        callers=("erasure", "sessions")),
+                   subjects.spaces_internal(">"), _ready("spaces"), subjects.dump("spaces", ">")),
+        callers=("erasure", "sessions", "keys")),
     "sessions": Role(
         publish=(subjects.spaces_internal("access"), subjects.space_memories_internal("extract")),
         subscribe=(subjects.space("sessions.>"), subjects.sessions_internal(">"),
@@ -111,6 +114,14 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.DIRECTORY_RETENTION, subjects.store(ANY, "reap")),
         subscribe=(subjects.REAPER_SWEEP, _ready("reaper")),
         callers=("directory",)),
+    "keys": Role(  # data keys (crypto-shredding); seals what backups and exports carry out
+        publish=(f"{subjects.DUMP_PREFIX}.>", subjects.AUDIT_APPEND),
+        subscribe=(subjects.keys_internal(">"), subjects.admin("backup.>"), _ready("keys")),
+        callers=("erasure",)),
+    "audit": Role(  # the hash-chained audit log: memory deletions (events) and appends
+        publish=(DEAD_LETTERS,),
+        subscribe=(subjects.AUDIT_APPEND, _ready("audit")),
+        callers=("keys", "erasure"), jetstream=True),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),

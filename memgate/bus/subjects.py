@@ -55,6 +55,18 @@ def keys_internal(operation: str) -> str:
     return f"mem.int.keys.{operation}"
 
 
+DUMP_PREFIX: Final = "mem.int.dump"
+
+
+def dump(owner: str, operation: str) -> str:
+    """An owner of a DuckDB file reading it for a backup (`begin`, `page`, `end`): `owner` is
+    the actor's name (`directory`, `storage.p0`, …); only the keys actor asks."""
+    return f"{DUMP_PREFIX}.{owner}.{operation}"
+
+
+AUDIT_APPEND: Final = "mem.int.audit.append"  # an entry for the audit log (references only)
+
+
 def space_memories_internal(operation: str) -> str:
     """The space-memories actor's answers to other actors: `extract` (the sessions actor's
     extract_memories strategy)."""

@@ -1,0 +1,87 @@
+"""The audit actor: the hash-chained audit log (SPEC §5.5, `storage.audit`).
+
+It owns `DIR/audit/` (single writer) and appends
+- an entry for every deletion of memories (forget, self-delete, purge, cascade, retention,
+  erasure): it consumes the `MemoriesDeleted` events of every partition (`mem.evt.*.memory`,
+  durable `audit`), so nothing that storage deleted escapes the log, whoever asked;
+- the entries other actors send on `mem.int.audit.append` (erasure layers, keys erased,
+  backups and exports), references only (`AuditAppend` has no field for content or identity).
+
+Redelivered events are not logged twice: each entry records the event's digest (`source`),
+and the digests of the last entries are kept to skip one seen again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from pathlib import Path
+
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts.backup import AuditAppend, AuditAppended
+from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, read_event
+from memgate.ports.bus import Consumers
+from memgate.runtime.actor import Serial, ready_route
+from memgate.storage.audit import AuditEntry, AuditLog
+
+DURABLE = "audit"
+SEEN_KEPT = 10_000  # event digests remembered against redelivery
+
+
+class AuditActor:
+    name = "audit"
+
+    def __init__(self, *, root: Path, bus: Consumers) -> None:
+        self._root = root
+        self._serial = Serial("audit")
+        self._log: AuditLog | None = None
+        self._seen: deque[str] = deque(maxlen=SEEN_KEPT)
+        self._events = bus.consumer(subjects.memory_events("*"), DURABLE, self.on_events)
+
+    @property
+    def log(self) -> AuditLog:
+        assert self._log is not None, "start() first"
+        return self._log
+
+    async def start(self) -> None:
+        self._log = await self._serial(AuditLog, self._root)
+        self._seen.extend(await self._serial(self.log.sources, SEEN_KEPT))
+        await self._events.start()
+
+    async def stop(self) -> None:
+        await self._events.stop()
+        self._serial.shutdown()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.AUDIT_APPEND)(replying(self.append))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def on_events(self, payloads: list[bytes]) -> None:
+        entries = []
+        for payload in payloads:
+            event = read_event(MEMORY_EVENT, payload)
+            if not isinstance(event, MemoriesDeleted) or not event.memory_ids:
+                continue
+            digest = hashlib.sha256(payload).hexdigest()[:32]
+            if digest in self._seen:
+                continue
+            entries.append(AuditEntry(
+                action="memories_deleted", actor=f"storage.{event.partition}",
+                tenant=event.owner.tenant, subject_id=event.owner.subject_id,
+                layer="memory_store", record_ids=tuple(event.memory_ids), source=digest))
+        if entries:
+            await self._serial(self.log.append, *entries)
+            self._seen.extend(e.source for e in entries if e.source is not None)
+
+    async def append(self, payload: bytes) -> AuditAppended:
+        request = parse(AuditAppend, payload)
+        written = await self._serial(self.log.append, AuditEntry(
+            action=request.action, actor=request.actor, tenant=request.tenant,
+            subject_id=request.subject_id, layer=request.layer,
+            record_ids=tuple(request.record_ids), count=request.count, source=request.source))
+        return AuditAppended(seq=written[-1]["seq"], hash=written[-1]["hash"])
+
+
+__all__ = ["AuditActor"]
