@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
 
 BASE = "/api/admin/erasure-requests"
@@ -50,8 +48,6 @@ async def erase(memgate: Memgate, subject: dict[str, str], workspace: str, *,
     return {"discovered": discovered, "done": await completed(memgate, created["requestId"])}
 
 
-@pytest.mark.xfail(strict=True, reason="the conversation-log and key layers answer once the "
-                   "sessions actor and the key store land (this session)")
 async def test_a_members_erasure_goes_through_every_stage_and_leaves_only_evidence(
         memgate: Memgate) -> None:
     owner = await memgate.workspace()
