@@ -3,6 +3,10 @@ discovery → decision → execution → evidence, and the operator's metrics.""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from typing import Any
 
 from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
@@ -118,3 +122,38 @@ async def test_malformed_erasure_requests_are_refused(memgate: Memgate) -> None:
     bad_layer = await memgate.admin("POST", f"{BASE}/{created['requestId']}/decide",
                                     ADMIN_TOKEN, {"holds": ["attic"], "reason": "x"})
     assert bad_layer.status_code in (400, 409)
+
+
+async def test_a_layer_on_legal_hold_is_kept_and_named_in_the_decision(memgate: Memgate) -> None:
+    owner = await memgate.workspace()
+    member = await memgate.member(owner, "editor")
+    await remember(memgate, await memgate.credential(member), "kept for the court case")
+    result = await erase(memgate, {"memberId": member.member_id}, owner.workspace_id,
+                         holds=["backups", "eval_exports"])
+    done = result["done"]
+    assert done["holds"] == ["backups", "eval_exports"]
+    assert [e["layer"] for e in done["evidence"]] == [
+        "memory_store", "vector_index", "conversation_logs", "traces_logs"]
+
+
+def admin_erase(url: str, workspace: str, member: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memgate.adapters", "admin", "erase", workspace,
+         "--member", member, "--method", "id-document", "--verified-by", "dpo", "--url", url],
+        env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120)
+
+
+async def test_memgate_admin_erase_runs_every_stage_and_prints_the_evidence(
+        memgate: Memgate) -> None:
+    owner = await memgate.workspace()
+    member = await memgate.member(owner, "editor")
+    token = await memgate.credential(member)
+    for n in range(5):
+        await remember(memgate, token, f"the member collects blue stamps {n}")
+    done = await asyncio.to_thread(admin_erase, str(memgate.http.base_url), owner.workspace_id,
+                                   member.member_id)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6/6 layers" in done.stdout
+    assert "memory_store" in done.stdout and "completed" in done.stdout
+    assert await recall(memgate, token, "blue stamps") == []
