@@ -189,6 +189,8 @@ FORBIDDEN = {
              "mem.cmd.recall", "mem.int.dir.principal"],
     "audit": ["mem.evt.p0.memory", "mem.int.store.p0.remember", "mem.int.dump.directory.begin",
               "mem.cmd.forget", "mem.int.keys.subject"],
+    "space-memories": ["mem.evt.p0.memory", "mem.int.store.p0.purge", "mem.int.dir.principal",
+                       "mem.cmd.remember", "mem.int.spaces.subject"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

@@ -131,7 +131,8 @@ class RecallActor:
         vector = asyncio.ensure_future(self._batcher.embed(query.query))
         filters = RecallFilters(owner=query.owner, namespace=query.namespace,
                                 collection_id=query.collection_id,
-                                collection_ids=query.collection_ids, as_of=query.as_of,
+                                collection_ids=query.collection_ids,
+                                namespaces=query.namespaces, as_of=query.as_of,
                                 window=self._window)
         try:
             scope = await self._storage.recall_scope(filters)

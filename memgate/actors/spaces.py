@@ -22,6 +22,7 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge
+from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
 from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, Permission,
@@ -85,7 +86,7 @@ class SpacesActor:
             router.subscriber(subjects.space(operation))(replying(self._enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "access": self.access, "entity": self.entity, "entities": self.entities,
-            "subject": self.subject,
+            "subject": self.subject, "llm": self.llm,
         }
         for operation, answer in internal.items():
             router.subscriber(subjects.spaces_internal(operation))(replying(answer))
@@ -156,6 +157,16 @@ class SpacesActor:
         request = parse(EntitiesRequest, payload)
         rows = await self._serial(self.store.entities, request.space_id)
         return Entities(entities=[_entity(row) for row in rows])
+
+    async def llm(self, payload: bytes) -> SpaceLlm:
+        """The LLM a space extracts facts with (the space-memories actor, for a session's
+        extract_memories: no member token is at hand then)."""
+        request = parse(SpaceLlmRequest, payload)
+        space = await self._serial(self.store.space, request.space_id)
+        if space is None:
+            raise NotFoundError("no such memory space")
+        return SpaceLlm(space_id=space.space_id, workspace_id=space.workspace_id,
+                        llm_model_name=space.llm_model_name, llm_base_url=space.llm_base_url)
 
     async def subject(self, payload: bytes) -> SubjectTarget:
         """For an erasure: the spaces (storage owners) and namespaces that hold an end user's

@@ -147,7 +147,8 @@ class StorageActor:
                 memory_id=memory_id, credential_id=command.credential_id, text=command.text,
                 retention_days=command.retention_days,
                 event_subject=self._events_subject, event=event,
-                citations=tuple(c.model_dump(by_alias=True) for c in command.citations)))
+                citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
+                derived_from=tuple(command.derived_from)))
         except LimitReachedError as reached:
             if reached.retry_after is not None:
                 raise RateLimitedError(
@@ -168,7 +169,8 @@ class StorageActor:
     def _filters(query: StoreQuery) -> Filters:
         return Filters(query.owner.tenant, query.owner.subject_id, query.namespace, query.key,
                        query.collection_id,
-                       None if query.collection_ids is None else tuple(query.collection_ids))
+                       None if query.collection_ids is None else tuple(query.collection_ids),
+                       None if query.namespaces is None else tuple(query.namespaces))
 
     async def list_memories(self, payload: bytes) -> ListResult:
         query = parse(StoreQuery, payload)
@@ -190,7 +192,8 @@ class StorageActor:
     def _recall_filters(filters: RecallFilters) -> Filters:
         return Filters(filters.owner.tenant, filters.owner.subject_id, filters.namespace, None,
                        filters.collection_id,
-                       None if filters.collection_ids is None else tuple(filters.collection_ids))
+                       None if filters.collection_ids is None else tuple(filters.collection_ids),
+                       None if filters.namespaces is None else tuple(filters.namespaces))
 
     async def recall_scope(self, payload: bytes) -> RecallScope:
         """For recall, before ranking: the owner's newest seq, how many versions the filters
@@ -262,7 +265,7 @@ class StorageActor:
             command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
             namespace=command.namespace, key=command.key,
             collection_ids=None if command.collection_ids is None
-            else tuple(command.collection_ids)))
+            else tuple(command.collection_ids), namespaces=command.namespaces))
         if not deleted:
             raise NotFoundError("no such memory")
         self._relay.wake()

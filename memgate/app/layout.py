@@ -45,7 +45,7 @@ def groups(settings: Settings) -> list[Group]:
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
                                   *(f"embedder.{p}" for p in partitions)})),
         Group("recall", frozenset({"recall"}), stateless=True),
-        Group(FRONT, frozenset({"governance"}), stateless=True, rest=True),
+        Group(FRONT, frozenset({"governance", "space-memories"}), stateless=True, rest=True),
     ]
 
 

@@ -25,6 +25,7 @@ from memgate.actors.reaper import ReaperActor
 from memgate.actors.recall import RecallActor
 from memgate.actors.registry import RegistryActor
 from memgate.actors.sessions import SessionsActor
+from memgate.actors.space_memories import SpaceMemoriesActor
 from memgate.actors.spaces import SpacesActor
 from memgate.actors.storage import StorageActor
 from memgate.app.settings import Settings
@@ -33,6 +34,7 @@ from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
 from memgate.policy.lifecycle import Rules
+from memgate.ports.llm import HttpChat
 from memgate.runtime.actor import Actor
 from memgate.storage import Limits
 
@@ -63,6 +65,9 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                        admin_token=lambda: admin_token(settings), bus=bus("directory"),
                        partitions=settings.partitions, nats_authority=nats_authority),
         GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
+        SpaceMemoriesActor.on_bus(bus("space-memories"), partitions=settings.partitions,
+                                  chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
+                                  extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                       publisher=publisher("registry")),
         ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
@@ -113,7 +118,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
     names = ["audit", "directory", "erasure", "governance", "keys", "reaper", "recall", "registry",
-             "sessions", "spaces"]
+             "sessions", "space-memories", "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

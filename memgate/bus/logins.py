@@ -78,13 +78,13 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.store(ANY, ANY), subjects.index(ANY, "rank"),
                  subjects.embed(ANY, "rank"), subjects.registry("verify")),
         subscribe=(subjects.recall_internal(), _ready("recall")),
-        callers=("governance",)),
+        callers=("governance", "space-memories")),
     "storage": Role(
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
         subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True),
                    subjects.dump(f"storage.{ANY}", ">")),
         callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
-                 "erasure", "reaper", "keys"),
+                 "erasure", "reaper", "keys", "space-memories"),
         jetstream=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
@@ -98,12 +98,19 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
                    subjects.spaces_internal(">"), _ready("spaces"), subjects.dump("spaces", ">")),
-        callers=("erasure", "sessions", "keys")),
+        callers=("erasure", "sessions", "keys", "space-memories")),
     "sessions": Role(
         publish=(subjects.spaces_internal("access"), subjects.space_memories_internal("extract")),
         subscribe=(subjects.space("sessions.>"), subjects.sessions_internal(">"),
                    _ready("sessions")),
         callers=("erasure",)),
+    "space-memories": Role(  # the mem0-compatible API: stateless, like governance
+        publish=(*(subjects.spaces_internal(op) for op in ("access", "entity", "entities", "llm")),
+                 *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
+                 subjects.recall_internal()),
+        subscribe=(subjects.space("memories.>"), subjects.space_memories_internal(">"),
+                   _ready("space-memories")),
+        callers=("sessions",)),
     "erasure": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),
                  subjects.store(ANY, "subject"), subjects.index(ANY, "drop"),

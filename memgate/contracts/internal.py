@@ -34,6 +34,7 @@ class StoreRemember(Contract):
     masked: dict[str, int] = Field(default_factory=dict)
     retention_days: int
     citations: list[Citation] = Field(default_factory=list)
+    derived_from: list[str] = Field(default_factory=list, max_length=10_000)  # source records
 
 
 class StoreQuery(Contract):
@@ -42,6 +43,7 @@ class StoreQuery(Contract):
     key: str | None = None
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
+    namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
     as_of: datetime | None = None
     limit: int
     cursor: str | None = None
@@ -53,6 +55,7 @@ class StoreForget(Contract):
     namespace: str | None = None
     key: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
+    namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
 
 
 class StorePurge(Contract):
@@ -70,6 +73,7 @@ class RecallFilters(Contract):
     namespace: str | None = None
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
+    namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
     as_of: datetime | None = None
     window: int | None = None
 
@@ -176,6 +180,7 @@ class RecallQuery(Contract):
     namespace: str | None = None
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
+    namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
     context_set_id: str | None = None
     as_of: datetime | None = None
     limit: int

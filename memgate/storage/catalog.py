@@ -201,6 +201,9 @@ class Catalog:
         if filters.collection_ids is not None:
             codes = [self._codes[i] for i in filters.collection_ids if i in self._codes]
             mask &= np.isin(c.collection[:n], np.asarray(codes, np.int32))
+        if filters.namespaces is not None:
+            codes = [self._codes[i] for i in filters.namespaces if i in self._codes]
+            mask &= np.isin(c.namespace[:n], np.asarray(codes, np.int32))
         for memory_id in exclude:
             row = self._row.get(memory_id)
             if row is not None:

@@ -86,6 +86,7 @@ class Filters:
     key: str | None = None
     collection_id: str | None = None
     collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
+    namespaces: tuple[str, ...] | None = None  # any of these (a mem0 filter's entities)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Remember:
     event_subject: str
     event: Callable[[int], bytes]
     citations: tuple[dict[str, Any], ...] = ()
+    derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
 
 
 _Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, subject), instant
@@ -308,7 +310,8 @@ class MemoryStore:
         columns = list(zip(*[
             (item.memory_id, first + position, item.filters.tenant, item.filters.subject_id,
              item.credential_id, item.filters.namespace, item.filters.key,
-             item.filters.collection_id, item.text, [c["passageId"] for c in item.citations],
+             item.filters.collection_id, item.text,
+             [*(c["passageId"] for c in item.citations), *item.derived_from],
              created, superseded_at[position], created + timedelta(days=item.retention_days),
              json.dumps(list(item.citations)), item.event_subject, item.event(first + position))
             for position, (_, item, created) in enumerate(accepted)], strict=True))
@@ -367,6 +370,9 @@ class MemoryStore:
         if filters.collection_ids is not None:
             clauses.append("list_contains(?, collection_id)")
             params.append(list(filters.collection_ids))
+        if filters.namespaces is not None:
+            clauses.append("list_contains(?::VARCHAR[], namespace)")
+            params.append(list(filters.namespaces))
         return " AND ".join(clauses), params
 
     def versions(self, filters: Filters, *, as_of: datetime, limit: int,

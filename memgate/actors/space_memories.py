@@ -1,0 +1,420 @@
+"""The space-memories actor: the mem0-compatible API of a memory space (SPEC §4.4).
+
+Stateless (in the `front` group beside governance; any number run in one queue group). For each
+`mem.space.memories.<op>` command: the access check first (`mem.int.spaces.access`: CAN_VIEW to
+read, CAN_UPDATE to add or update, CAN_DELETE to delete), then the mem0 body, masking, the
+entities a filter names resolved to storage namespaces (`mem.int.spaces.entity` / `.entities`),
+and only then storage (the partition's single writer) or recall (the same fused ranking as agent
+memories). A space's memories are stored under the owner `space-<spaceId>` of its workspace, in
+the namespace of their entity, with the mem0 id as their `key`: an update is a new version of
+the key, its history the key's versions, a delete removes every version.
+
+With an LLM (the space has `llmModelName` and `llmBaseUrl`), `add` extracts facts through it
+(`ports.llm`); the LLM sees masked text only. `mem.int.spacemem.extract` does the same for a
+session's events (the sessions actor's extract_memories), the facts `derived_from` the events.
+Both are all or nothing: an LLM failure stores nothing, and a store that fails half-way takes
+back what it stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from memgate.actors.spaces import space_owner
+from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.contracts import Contract, Envelope, Memory, RecallResult, RememberResult
+from memgate.contracts.base import ID_MAX
+from memgate.contracts.errors import (
+    AgentMemoryEmptyError, ForbiddenError, MemgateError, NotFoundError, UnauthenticatedError,
+    UnavailableError, UnprocessableError, ValidationFailedError,
+)
+from memgate.contracts.internal import Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember
+from memgate.contracts.mem0 import (
+    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, ExtractRequest, Extracted, History,
+    HistoryEntry, ListMemories, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchMemories,
+    SearchResults, SpaceLlm, SpaceLlmRequest, UpdateMemory,
+)
+from memgate.contracts.spaces import (
+    AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, Permission, SpaceAccess,
+)
+from memgate.policy import extraction
+from memgate.policy.masking import mask
+from memgate.policy.mem0 import (
+    FIELDS, compile_filters, derived_from, entity_of, namespaces, query_filters,
+)
+from memgate.ports.bus import Requester
+from memgate.ports.llm import ChatModel
+from memgate.ports.storage import BusStorage, Storage
+from memgate.runtime.actor import ready_route
+from memgate.storage.directory import hash_token
+
+QUEUE = "space-memories"
+CONCURRENCY = 128  # each command mostly waits on other actors (and the LLM)
+READ_MAX = 10_000  # versions one get_all reads (a space holds at most the version limit)
+HISTORY_MAX = 100  # versions one history walks back
+DEFAULT_TOP_K = 10
+EXTRACTED_RETENTION_DAYS = 365  # the longest; the workspace's retentionDays reaps sooner
+ONE_MICROSECOND = timedelta(microseconds=1)
+B = TypeVar("B", bound=Contract)
+
+__all__ = ["SpaceMemoriesActor"]
+
+
+def _memory_id(envelope: Envelope) -> str:
+    memory_id = envelope.params.get("memoryId", "")
+    if not 1 <= len(memory_id) <= ID_MAX:
+        raise NotFoundError("no such memory")
+    return memory_id
+
+
+def _body(model: type[B], envelope: Envelope) -> B:
+    """The mem0 body, once the caller is known (the adapter marks one that was not JSON)."""
+    if "refusedBody" in envelope.params:
+        raise ValidationFailedError("the body is not a JSON object", {"field": "body"})
+    return parse(model, envelope.body)
+
+
+def _int_param(envelope: Envelope, name: str, default: int, high: int) -> int:
+    raw = envelope.params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or len(raw) > 6 or not 1 <= int(raw) <= high:
+        raise ValidationFailedError(f"{name} must be a whole number from 1 to {high}",
+                                    {"field": name})
+    return int(raw)
+
+
+def _ids(entity: Entity | None) -> dict[str, Any]:
+    """Who a memory is about, as mem0 shows it."""
+    if entity is None:
+        return {}
+    return {"user_id": entity.user_id, "agent_id": entity.agent_id, "run_id": entity.run_id}
+
+
+def _view(memory: Memory, entity: Entity | None, *, score: float | None = None) -> Mem0Memory:
+    return Mem0Memory(id=memory.key or memory.memory_id, memory=memory.text, **_ids(entity),
+                      created_at=memory.created_at, updated_at=memory.created_at, score=score)
+
+
+class SpaceMemoriesActor:
+    name = "space-memories"
+
+    def __init__(self, *, bus: Requester, storage: Storage, chat: ChatModel,
+                 extract_timeout_s: float | None = None) -> None:
+        self._bus = bus
+        self._storage = storage
+        self._chat = chat
+        self._extract_timeout = extract_timeout_s
+
+    @classmethod
+    def on_bus(cls, bus: Requester, *, partitions: int, chat: ChatModel,
+               extract_timeout_s: float | None = None) -> SpaceMemoriesActor:
+        return cls(bus=bus, storage=BusStorage(bus, partitions=partitions), chat=chat,
+                   extract_timeout_s=extract_timeout_s)
+
+    async def start(self) -> None:
+        await self._chat.start()
+
+    async def stop(self) -> None:
+        await self._chat.stop()
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        public: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
+            "ping": self.ping, "add": self.add, "get": self.get, "list": self.list_memories,
+            "search": self.search, "update": self.update, "delete": self.delete,
+            "delete_all": self.delete_all, "history": self.history,
+        }
+        for operation, handler in public.items():
+            router.subscriber(subjects.space(f"memories.{operation}"), queue=QUEUE,
+                              max_workers=CONCURRENCY)(replying(self._enveloped(handler)))
+        router.subscriber(subjects.space_memories_internal("extract"), queue=QUEUE,
+                          max_workers=CONCURRENCY)(replying(self.extract))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    @staticmethod
+    def _enveloped(handler: Callable[[Envelope], Awaitable[Contract]],
+                   ) -> Callable[[bytes], Awaitable[Contract]]:
+        async def handle(payload: bytes) -> Contract:
+            return await handler(parse(Envelope, payload))
+
+        handle.__name__ = handler.__name__
+        return handle
+
+    # --- who may do what, and about whom ---
+
+    async def _access(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
+        if not envelope.token:
+            raise UnauthenticatedError("a member token is required")
+        space_id = envelope.params.get("spaceId", "")
+        if not 1 <= len(space_id) <= ID_MAX:
+            raise NotFoundError("no such memory space")
+        access = await self._bus.request(
+            subjects.spaces_internal("access"),
+            AccessRequest(token_hash=hash_token(envelope.token), space_id=space_id), SpaceAccess)
+        if not access.allows(permission):
+            if not access.allows(Permission.CAN_VIEW):
+                raise NotFoundError("no such memory space")
+            raise ForbiddenError("your role in this memory space does not allow this",
+                                 {"permission": permission.value})
+        return access
+
+    @staticmethod
+    def _owner(workspace_id: str, space_id: str) -> Owner:
+        return Owner(tenant=workspace_id, subject_id=space_owner(space_id))
+
+    async def _entities(self, space_id: str) -> dict[str, Entity]:
+        found = await self._bus.request(subjects.spaces_internal("entities"),
+                                        EntitiesRequest(space_id=space_id), Entities)
+        return {e.namespace: e for e in found.entities if e.namespace}
+
+    async def _namespace(self, space_id: str, entity: Entity) -> str:
+        issued = await self._bus.request(subjects.spaces_internal("entity"),
+                                         EntityRequest(space_id=space_id, entity=entity), Entity)
+        assert issued.namespace is not None, "the spaces actor issues a namespace"
+        return issued.namespace
+
+    async def _scope(self, space_id: str, filters: dict[str, Any] | None,
+                     ) -> tuple[list[str] | None, dict[str, Entity]]:
+        """The namespaces a filter selects (None: the whole space) and every entity of the
+        space by namespace (to show who each memory is about)."""
+        predicate = compile_filters(filters)
+        entities = await self._entities(space_id)
+        return namespaces(predicate, entities.values()), entities
+
+    async def _current(self, owner: Owner, key: str, as_of: datetime | None = None,
+                       ) -> Memory | None:
+        page = await self._storage.list(StoreQuery(owner=owner, key=key, as_of=as_of, limit=1))
+        return page.memories[0] if page.memories else None
+
+    # --- storing, all or nothing ---
+
+    async def _remember_all(self, owner: Owner, credential_id: str, namespace: str,
+                            texts: list[str], retention_days: int,
+                            sources: list[str]) -> list[tuple[str, RememberResult]]:
+        """Each text a memory of its own (a new mem0 id); if any is refused, those stored are
+        forgotten again and the first refusal is raised."""
+        keys = [uuid.uuid4().hex for _ in texts]
+        outcomes = await asyncio.gather(*(self._storage.remember(StoreRemember(
+            owner=owner, credential_id=credential_id, namespace=namespace, key=key, text=text,
+            retention_days=retention_days, derived_from=sources))
+            for key, text in zip(keys, texts, strict=True)), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if not failures:
+            return [(k, o) for k, o in zip(keys, outcomes, strict=True)
+                    if isinstance(o, RememberResult)]
+        stored = [k for k, o in zip(keys, outcomes, strict=True)
+                  if not isinstance(o, BaseException)]
+        await asyncio.gather(*(self._storage.forget(StoreForget(owner=owner, key=key))
+                               for key in stored), return_exceptions=True)
+        failure = failures[0]
+        if isinstance(failure, MemgateError):
+            raise failure
+        raise UnavailableError("the memories could not be stored") from None
+
+    async def _facts(self, model: str, base_url: str, lines: list[str],
+                     timeout_s: float | None = None) -> list[str]:
+        """Facts the space's LLM finds in the (masked) lines, masked again before use."""
+        answer = await self._chat.complete(base_url, model, extraction.prompt(lines),
+                                           timeout_s=timeout_s)
+        try:
+            found = extraction.facts(answer)
+        except extraction.MalformedAnswerError:
+            raise UnavailableError("the space's LLM did not answer with facts") from None
+        texts: list[str] = []
+        for fact in found:
+            masked = mask(fact)
+            if not masked.only_placeholders:
+                texts.append(masked.text[:TEXT_MAX])
+        return texts
+
+    # --- the mem0 operations ---
+
+    async def ping(self, envelope: Envelope) -> Ping:
+        access = await self._access(envelope, Permission.CAN_VIEW)
+        return Ping(org_id=access.workspace_id, project_id=access.space_id)
+
+    async def add(self, envelope: Envelope) -> AddResults:
+        access = await self._access(envelope, Permission.CAN_UPDATE)
+        body = _body(AddMemories, envelope)
+        entity = entity_of(body.filters, user_id=body.user_id, agent_id=body.agent_id,
+                           run_id=body.run_id)
+        llm = access.llm_model_name and access.llm_base_url
+        texts: list[str] = []
+        if llm and body.infer is not False:
+            assert access.llm_model_name and access.llm_base_url
+            lines = [f"{m.role}: {mask(m.content).text}" for m in body.messages]
+            texts = await self._facts(access.llm_model_name, access.llm_base_url, lines)
+        else:
+            for index, message in enumerate(body.messages):
+                if message.role == "system":
+                    continue
+                if len(message.content) > TEXT_MAX:
+                    raise ValidationFailedError(
+                        f"a message stored verbatim is at most {TEXT_MAX} characters",
+                        {"field": f"messages.{index}.content"})
+                masked = mask(message.content)
+                if not masked.only_placeholders:
+                    texts.append(masked.text)
+            if not texts:
+                raise AgentMemoryEmptyError("nothing is left of the messages after masking")
+        if not texts:
+            return AddResults(results=[])
+        namespace = await self._namespace(access.space_id, entity)
+        stored = await self._remember_all(
+            self._owner(access.workspace_id, access.space_id),
+            f"{space_owner(access.space_id)}:{access.member_id}", namespace, texts,
+            access.retention_days, [])
+        return AddResults(results=[
+            Added(id=key, memory=text, user_id=entity.user_id, agent_id=entity.agent_id,
+                  run_id=entity.run_id)
+            for (key, _), text in zip(stored, texts, strict=True)])
+
+    async def get(self, envelope: Envelope) -> Mem0Memory:
+        access = await self._access(envelope, Permission.CAN_VIEW)
+        owner = self._owner(access.workspace_id, access.space_id)
+        current, entities = await asyncio.gather(
+            self._current(owner, _memory_id(envelope)), self._entities(access.space_id))
+        if current is None:
+            raise NotFoundError("no such memory")
+        return _view(current, entities.get(current.namespace))
+
+    async def list_memories(self, envelope: Envelope) -> MemoryPage:
+        access = await self._access(envelope, Permission.CAN_VIEW)
+        body = _body(ListMemories, envelope)
+        page = _int_param(envelope, "page", 1, 100_000)
+        size = _int_param(envelope, "page_size", PAGE_SIZE_MAX, PAGE_SIZE_MAX)
+        allowed, entities = await self._scope(access.space_id, body.filters)
+        memories: list[Memory] = []
+        if allowed is None or allowed:
+            memories = (await self._storage.list(StoreQuery(
+                owner=self._owner(access.workspace_id, access.space_id), namespaces=allowed,
+                limit=READ_MAX))).memories
+        shown = memories[(page - 1) * size: page * size]
+        base = f"/memory/{access.space_id}/v3/memories/?page_size={size}&page="
+        return MemoryPage(
+            count=len(memories),
+            next=f"{base}{page + 1}" if page * size < len(memories) else None,
+            previous=f"{base}{page - 1}" if page > 1 else None,
+            results=[_view(m, entities.get(m.namespace)) for m in shown])
+
+    async def search(self, envelope: Envelope) -> SearchResults:
+        access = await self._access(envelope, Permission.CAN_VIEW)
+        body = _body(SearchMemories, envelope)
+        allowed, entities = await self._scope(access.space_id, body.filters)
+        if allowed is not None and not allowed:
+            return SearchResults(results=[])
+        found = await self._bus.request(subjects.recall_internal(), RecallQuery(
+            owner=self._owner(access.workspace_id, access.space_id),
+            query=mask(body.query).text, namespaces=allowed,
+            limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
+        return SearchResults(
+            results=[_view(m, entities.get(m.namespace), score=m.score) for m in found.memories],
+            degraded=found.degraded)
+
+    async def update(self, envelope: Envelope) -> Mem0Memory:
+        access = await self._access(envelope, Permission.CAN_UPDATE)
+        key = _memory_id(envelope)
+        body = _body(UpdateMemory, envelope)
+        owner = self._owner(access.workspace_id, access.space_id)
+        current, entities = await asyncio.gather(self._current(owner, key),
+                                                 self._entities(access.space_id))
+        if current is None:
+            raise NotFoundError("no such memory")
+        entity = entities.get(current.namespace)
+        if body.text is None:  # metadata only: memgate keeps none
+            return _view(current, entity)
+        masked = mask(body.text)
+        if masked.only_placeholders:
+            raise AgentMemoryEmptyError("nothing is left of the text after masking",
+                                        {"masked": masked.counts})
+        stored = await self._storage.remember(StoreRemember(
+            owner=owner, credential_id=f"{space_owner(access.space_id)}:{access.member_id}",
+            namespace=current.namespace, key=key, text=masked.text, masked=masked.counts,
+            retention_days=access.retention_days))
+        updated = current.model_copy(update={"text": masked.text,
+                                             "memory_id": stored.memory_id})
+        return _view(updated, entity).model_copy(update={"updated_at": stored.created_at})
+
+    async def delete(self, envelope: Envelope) -> Mem0Message:
+        access = await self._access(envelope, Permission.CAN_DELETE)
+        await self._storage.forget(StoreForget(
+            owner=self._owner(access.workspace_id, access.space_id),
+            key=_memory_id(envelope)))
+        return Mem0Message(message="Memory deleted successfully!")
+
+    async def delete_all(self, envelope: Envelope) -> Mem0Message:
+        access = await self._access(envelope, Permission.CAN_DELETE)
+        raw = envelope.params.get("filters")
+        filters: dict[str, Any] = (query_filters(raw) if raw is not None else
+                                   {k: envelope.params[k] for k in FIELDS
+                                    if k in envelope.params})
+        if not filters:
+            raise ValidationFailedError(
+                "give filters (user_id, agent_id or run_id) to delete memories",
+                {"field": "filters"})
+        allowed, _ = await self._scope(access.space_id, filters)
+        if allowed:
+            with contextlib.suppress(NotFoundError):  # nothing left to delete
+                await self._storage.forget(StoreForget(
+                    owner=self._owner(access.workspace_id, access.space_id),
+                    namespaces=allowed))
+        return Mem0Message(message="Memories deleted successfully!")
+
+    async def history(self, envelope: Envelope) -> History:
+        access = await self._access(envelope, Permission.CAN_VIEW)
+        key = _memory_id(envelope)
+        owner = self._owner(access.workspace_id, access.space_id)
+        current, entities = await asyncio.gather(self._current(owner, key),
+                                                 self._entities(access.space_id))
+        if current is None:
+            raise NotFoundError("no such memory")
+        chain = [current]  # newest first: each version was current just before the next
+        while len(chain) < HISTORY_MAX:
+            before = await self._current(owner, key, chain[-1].created_at - ONE_MICROSECOND)
+            if before is None:
+                break
+            chain.append(before)
+        chain.reverse()
+        entity = entities.get(current.namespace)
+        return History(entries=[HistoryEntry(
+            id=version.memory_id, memory_id=key,
+            old_memory=chain[i - 1].text if i else None, new_memory=version.text,
+            event="UPDATE" if i else "ADD", **_ids(entity), created_at=chain[0].created_at,
+            updated_at=version.created_at)
+            for i, version in enumerate(chain)])
+
+    # --- the sessions actor's extract_memories ---
+
+    async def extract(self, payload: bytes) -> Extracted:
+        """A session's masked events → facts (the space's LLM) → memories of the space, each
+        `derived_from` the events. All or nothing; an LLM failure is UNAVAILABLE (retry)."""
+        request = parse(ExtractRequest, payload)
+        if not request.events:
+            return Extracted(memory_ids=[])
+        space = await self._bus.request(subjects.spaces_internal("llm"),
+                                        SpaceLlmRequest(space_id=request.space_id), SpaceLlm)
+        if not (space.llm_model_name and space.llm_base_url):
+            raise UnprocessableError("the space has no LLM to extract memories with")
+        if space.workspace_id != request.workspace_id:
+            raise NotFoundError("no such memory space")
+        events = sorted(request.events, key=lambda e: e.sequence_id)
+        texts = await self._facts(space.llm_model_name, space.llm_base_url,
+                                  [mask(e.text).text for e in events], self._extract_timeout)
+        if not texts:
+            return Extracted(memory_ids=[])
+        entity = Entity(user_id=request.participants[0] if len(request.participants) == 1
+                        else None, run_id=request.session_id)
+        namespace = await self._namespace(request.space_id, entity)
+        stored = await self._remember_all(
+            self._owner(request.workspace_id, request.space_id),
+            f"{space_owner(request.space_id)}:lifecycle", namespace, texts,
+            EXTRACTED_RETENTION_DAYS,
+            [derived_from(request.session_id, e.sequence_id) for e in events])
+        return Extracted(memory_ids=[key for key, _ in stored])

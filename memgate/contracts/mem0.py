@@ -1,0 +1,162 @@
+"""The mem0-compatible API of a memory space (SPEC §4.4): what the `mem0ai` client sends and what
+it reads back, and the space-memories actor's internal answers.
+
+Bodies come from the mem0 client in snake_case; the requests accept the options the client may
+send and memgate does not use (`metadata`, `custom_instructions`, ...) and ignore them. Results
+travel on the bus in camelCase like every contract; the REST routes render them in mem0's
+snake_case (`model_dump()` by field name).
+
+`mem.int.spacemem.extract` (the sessions actor's extract_memories strategy) takes
+`contracts.sessions.ExtractRequest` and answers `Extracted`, re-exported here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from memgate.contracts.base import Contract
+from memgate.contracts.sessions import ExtractEvent, ExtractRequest, Extracted
+
+TEXT_MAX = 1000  # a memory's text (SPEC §3.2)
+MESSAGE_MAX = 10_000  # a message given to the LLM (its facts are each at most TEXT_MAX)
+MESSAGES_MAX = 200
+ENTITY_MAX = 200
+PAGE_SIZE_MAX = 100
+TOP_K_MAX = 50
+
+
+class _Mem0Body(Contract):
+    """A body from the mem0 client: options memgate does not use are accepted and ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class Message(_Mem0Body):
+    role: str = Field(default="user", min_length=1, max_length=32)
+    content: str = Field(min_length=1, max_length=MESSAGE_MAX)
+
+
+class AddMemories(_Mem0Body):
+    messages: list[Message] = Field(min_length=1, max_length=MESSAGES_MAX)
+    user_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    agent_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    run_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    filters: dict[str, Any] | None = None  # the v3 client's place for the entity ids
+    infer: bool | None = None  # False: store the messages verbatim even with an LLM
+
+
+class SearchMemories(_Mem0Body):
+    query: str = Field(min_length=1, max_length=TEXT_MAX)
+    filters: dict[str, Any] | None = None
+    top_k: int | None = Field(default=None, ge=1, le=TOP_K_MAX)
+    limit: int | None = Field(default=None, ge=1, le=TOP_K_MAX)  # older clients' name
+
+
+class ListMemories(_Mem0Body):
+    filters: dict[str, Any] | None = None
+
+
+class UpdateMemory(_Mem0Body):
+    text: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
+    metadata: dict[str, Any] | None = None  # accepted, not kept
+
+
+class Mem0Memory(Contract):
+    """A memory as mem0 shows it: `id` is the mem0 id (stable across updates)."""
+
+    id: str
+    memory: str
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    categories: list[str] = Field(default_factory=list)
+    created_at: datetime
+    updated_at: datetime
+    score: float | None = None  # search only
+    # memgate's own: memories are never evidence, never trusted (SPEC §3.7)
+    type: Literal["memory"] = "memory"
+    trust: Literal["untrusted"] = "untrusted"
+
+
+class Added(Contract):
+    id: str
+    memory: str
+    event: Literal["ADD"] = "ADD"
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+
+
+class AddResults(Contract):
+    results: list[Added]
+
+
+class SearchResults(Contract):
+    results: list[Mem0Memory]
+    degraded: list[str] = Field(default_factory=list)  # as recall says (e.g. ["cosine"])
+
+
+class MemoryPage(Contract):
+    count: int
+    next: str | None = None
+    previous: str | None = None
+    results: list[Mem0Memory]
+
+
+class HistoryEntry(Contract):
+    id: str  # the version's own id
+    memory_id: str  # the mem0 id
+    input: list[dict[str, Any]] = Field(default_factory=list)
+    old_memory: str | None = None
+    new_memory: str
+    event: Literal["ADD", "UPDATE"]
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    categories: list[str] = Field(default_factory=list)
+    created_at: datetime
+    updated_at: datetime
+
+
+class History(Contract):
+    entries: list[HistoryEntry]  # oldest first
+
+
+class Mem0Message(Contract):
+    message: str
+
+
+class Ping(Contract):
+    status: str = "ok"
+    org_id: str  # the workspace
+    project_id: str  # the space
+    user_email: str | None = None
+
+
+class SpaceLlmRequest(Contract):
+    space_id: str
+
+
+class SpaceLlm(Contract):
+    """The spaces actor's answer to `mem.int.spaces.llm`: the LLM a space extracts facts with."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    space_id: str
+    workspace_id: str
+    llm_model_name: str | None = None
+    llm_base_url: str | None = None
+
+
+__all__ = [
+    "ENTITY_MAX", "MESSAGES_MAX", "MESSAGE_MAX", "PAGE_SIZE_MAX", "TEXT_MAX", "TOP_K_MAX",
+    "AddMemories", "AddResults", "Added", "ExtractEvent", "ExtractRequest", "Extracted",
+    "History", "HistoryEntry", "ListMemories", "Mem0Memory", "Mem0Message", "MemoryPage",
+    "Message", "Ping", "SearchMemories", "SearchResults", "SpaceLlm", "SpaceLlmRequest",
+    "UpdateMemory",
+]

@@ -1,0 +1,87 @@
+"""A space's LLM as the space-memories actor sees it: an OpenAI-compatible chat-completions
+endpoint (`POST {llmBaseUrl}/chat/completions`), asked for a JSON object.
+
+Any failure of the endpoint (unreachable, timeout, a non-2xx status, an answer that is not a
+chat completion, or one too large) is an `UnavailableError`: the caller stores nothing and may
+retry later. Neither the request nor the answer is ever logged (they hold conversation text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+import httpx
+
+from memgate.contracts.errors import UnavailableError
+
+ANSWER_MAX_BYTES = 1024 * 1024
+
+
+class ChatModel(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def complete(self, base_url: str, model: str, messages: list[dict[str, str]],
+                       *, timeout_s: float | None = None) -> str:
+        """The content of the first choice's message; raises `UnavailableError`."""
+        ...
+
+
+class HttpChat:
+    """`ChatModel` over HTTP (httpx): one connection pool, a deadline per request, no
+    redirects followed (the allowlisted host is the only one asked)."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self._timeout = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=self._timeout, follow_redirects=False,
+                                         trust_env=False)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def complete(self, base_url: str, model: str, messages: list[dict[str, str]],
+                       *, timeout_s: float | None = None) -> str:
+        assert self._client is not None, "start() first"
+        timeout = timeout_s or self._timeout
+        url = base_url.rstrip("/") + "/chat/completions"
+        body = {"model": model, "messages": messages, "temperature": 0,
+                "response_format": {"type": "json_object"}}
+        try:
+            async with asyncio.timeout(timeout), \
+                    self._client.stream("POST", url, json=body, timeout=timeout) as response:
+                if response.status_code // 100 != 2:
+                    raise UnavailableError("the space's LLM refused the request",
+                                           {"status": response.status_code})
+                data = bytearray()
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > ANSWER_MAX_BYTES:
+                        raise UnavailableError("the space's LLM answered too much")
+        except (httpx.TimeoutException, TimeoutError):
+            raise UnavailableError("the space's LLM did not answer in time",
+                                   {"timeoutSeconds": timeout}) from None
+        except httpx.HTTPError:
+            raise UnavailableError("the space's LLM is unreachable") from None
+        return _content(bytes(data))
+
+
+def _content(data: bytes) -> str:
+    try:
+        answer: Any = json.loads(data)
+        content = answer["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise UnavailableError("the space's LLM answered something that is not a chat "
+                               "completion") from None
+    if not isinstance(content, str):
+        raise UnavailableError("the space's LLM answered no text")
+    return content
+
+
+__all__ = ["ChatModel", "HttpChat"]
