@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+from memgate.storage.audit import read_entries, verify
 from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
 
 BASE = "/api/admin/erasure-requests"
@@ -70,6 +71,12 @@ async def test_a_members_erasure_goes_through_every_stage_and_leaves_only_eviden
     assert [e["layer"] for e in done["evidence"]] == LAYERS
     assert {e["layer"]: e["erased"] for e in done["evidence"]}["memory_store"] == 3
     assert member.member_id not in str(done)  # evidence holds no identity
+    audited = [e for e in read_entries(memgate.settings.data_dir / "audit" / "audit.log")
+               if e.get("action") == "erasure.layer"]
+    assert [e["layer"] for e in audited] == LAYERS  # evidence in the hash-chained log too
+    assert {e["source"] for e in audited} == {done["requestId"]}
+    assert "violet" not in str(audited) and "member" not in str(audited)
+    assert verify(memgate.settings.data_dir / "audit").ok
 
     assert await recall(memgate, mine, "violet notebooks") == []
     assert await recall(memgate, theirs, "violet") == ["the owner prefers violet pens"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Envelope
+from memgate.contracts.backup import AuditAppend, AuditAppended
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.erasure import (
     LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureView, Evidence, Status,
@@ -38,6 +39,7 @@ from memgate.storage.erasure import ErasureStore, RequestRow
 log = logging.getLogger("memgate.erasure")
 
 DUE_AFTER = timedelta(days=30)  # GDPR Art. 12(3)
+AUDIT_IDS_MAX = 10_000  # record ids per audit entry (AuditAppend's limit)
 Clock = Callable[[], datetime]
 
 
@@ -212,7 +214,7 @@ class ErasureActor:
         return target.model_copy(update={"owners": found.owners})
 
     async def _sweep(self, row: RequestRow, *, erase: bool, holds: list[str],
-                     done: Callable[[str, int], Awaitable[None]] | None = None,
+                     done: Callable[[str, int, list[str]], Awaitable[None]] | None = None,
                      ) -> dict[str, tuple[int, list[str]]]:
         """Ask every layer but those on hold; `done(layer, count)` after each."""
         target = await self._target(row, erase=erase)
@@ -234,7 +236,7 @@ class ErasureActor:
                 stored[layer.name] = answer
                 counts[layer.name] = (answer.count, answer.record_ids)
             if done is not None:
-                await done(layer.name, counts[layer.name][0])
+                await done(layer.name, *counts[layer.name])
         if erase and row.external_id is not None:  # last: the identity mapping
             await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
         return counts
@@ -261,10 +263,14 @@ class ErasureActor:
     async def _execute(self, row: RequestRow) -> None:
         row.evidence = []
 
-        async def done(layer: str, count: int) -> None:  # progress, visible to `GET`
+        async def done(layer: str, count: int, record_ids: list[str]) -> None:
             row.evidence.append(Evidence(layer=layer, erased=count, at=self._now(),
                                          how=self._layers[layer].how).model_dump(mode="json"))
-            await self._serial(self.store.save, row)
+            await self._bus.request(subjects.AUDIT_APPEND, AuditAppend(
+                action="erasure.layer", actor=self.name, tenant=row.workspace_id,
+                subject_id=self._reference(row), layer=layer, count=count,
+                record_ids=record_ids[:AUDIT_IDS_MAX], source=row.request_id), AuditAppended)
+            await self._serial(self.store.save, row)  # progress, visible to `GET`
 
         try:
             await self._sweep(row, erase=True, holds=row.holds or [], done=done)
@@ -274,6 +280,12 @@ class ErasureActor:
             log.warning("erasure %s failed: %s", row.request_id, failure.code)
             row.status, row.failure = Status.FAILED.value, failure.code.value
         await self._serial(self.store.save, row)
+
+    @staticmethod
+    def _reference(row: RequestRow) -> str:
+        """Whom the audit log names: a member by the internal id; an end user by the request,
+        which forgets the external id it was given once it completes (SPEC §5.5)."""
+        return row.member_id or f"erasure-request:{row.request_id}"
 
     @staticmethod
     def _view(row: RequestRow) -> ErasureView:

@@ -115,7 +115,7 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),
                  subjects.store(ANY, "subject"), subjects.index(ANY, "drop"),
                  subjects.embed(ANY, "drop"), subjects.sessions_internal("subject"),
-                 subjects.keys_internal("subject")),
+                 subjects.keys_internal("subject"), subjects.AUDIT_APPEND),
         subscribe=(subjects.admin("erasure.>"), _ready("erasure"))),
     "reaper": Role(  # retention: asks, never reads or writes a store itself
         publish=(subjects.DIRECTORY_RETENTION, subjects.store(ANY, "reap")),
