@@ -29,8 +29,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import JsonValue
-
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
@@ -39,12 +37,13 @@ from memgate.contracts.errors import (
     UnprocessableError, ValidationFailedError,
 )
 from memgate.contracts.sessions import (
-    EVENT_BODY_MAX_BYTES, MAX_BATCH, CreateSession, EditEvent, Emitter, EventBatch, EventIn,
-    EventList, EventsQuery, EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun,
-    NoBody, PatchSession, SessionView, Strategy, Trigger,
+    MAX_BATCH, CreateSession, EditEvent, Emitter, EventBatch, EventIn, EventList, EventsQuery,
+    EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun, NoBody, PatchSession,
+    SessionView, Strategy, Trigger,
 )
 from memgate.contracts.spaces import AccessRequest, Permission, SpaceAccess
 from memgate.policy import lifecycle
+from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, ready_route
@@ -61,7 +60,6 @@ REPLY_BUDGET_BYTES = 4 * 1024 * 1024  # event bodies in one reply (the bus carri
 TICK = timedelta(milliseconds=1)  # instants are kept to the millisecond, as JSON clients send them
 DEFAULT_RULES = lifecycle.Rules()
 _SEQUENCE = re.compile(r"^\d{1,15}$")
-_VERSION = re.compile(r'^(?:W/)?"?(\d{1,15})"?$')
 
 
 def system_clock() -> datetime:
@@ -70,18 +68,6 @@ def system_clock() -> datetime:
 
 def _ms(instant: datetime) -> datetime:
     return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
-
-
-def mask_json(value: JsonValue) -> JsonValue:
-    """Every string in a JSON value masked like memory text (SPEC §3.2), object keys included.
-    Depth is bounded by the contracts (`EventIn`), so recursion is safe."""
-    if isinstance(value, str):
-        return mask(value).text
-    if isinstance(value, list):
-        return [mask_json(item) for item in value]
-    if isinstance(value, dict):
-        return {mask(key).text: mask_json(item) for key, item in value.items()}
-    return value
 
 
 def _strategy_json(strategy: Strategy) -> dict[str, Any]:
@@ -106,51 +92,11 @@ def _view(row: SessionRow) -> SessionView:
                        last_event_at=row.last_event_at, event_count=row.next_seq)
 
 
-def _may_be_due(row: SessionRow, now: datetime) -> bool:
-    """A cheap first look at the stored strategies (no parsing): could any be due now?"""
-    for strategy in row.strategies:
-        if strategy["type"] in row.runs:
-            continue
-        trigger = strategy["trigger"]
-        start = row.created_at if "ttl" in trigger else row.last_event_at or row.created_at
-        seconds = trigger.get("ttl", trigger.get("idle"))
-        if seconds is not None and start + timedelta(seconds=seconds) <= now:
-            return True
-    return False
-
-
 def _event_view(event: EventRow) -> EventView:
     return EventView(sequence_id=event.sequence_id, body=json.loads(event.body),
                      emitter=Emitter(type=event.emitter_type, id=event.emitter_id),
                      event_type=event.event_type, created_at=event.created_at,
                      updated_at=event.updated_at)
-
-
-def _extract_text(event: EventRow) -> str:
-    body = json.loads(event.body)
-    content = body.get("content") if isinstance(body, dict) else None
-    return f"{event.emitter_type}: {content if isinstance(content, str) else event.body}"
-
-
-def _masked_body(body: JsonValue, index: int | None = None) -> str:
-    text = json.dumps(mask_json(body), ensure_ascii=False, separators=(",", ":"))
-    if len(text.encode()) > EVENT_BODY_MAX_BYTES:
-        field = "body" if index is None else f"events.{index}.body"
-        raise ValidationFailedError("the request is not valid", {"problems": [
-            {"field": field, "problem": f"at most {EVENT_BODY_MAX_BYTES} bytes of JSON"}]})
-    return text
-
-
-def _if_match(envelope: Envelope) -> int | None:
-    """The version an `If-Match` header names (`3`, `"3"`, `W/"3"`); None for none or `*`."""
-    header = envelope.params.get("ifMatch")
-    if header is None or header.strip() == "*":
-        return None
-    found = _VERSION.match(header.strip())
-    if found is None:
-        raise ValidationFailedError("the request is not valid", {"problems": [
-            {"field": "If-Match", "problem": "must name a session version"}]})
-    return int(found.group(1))
 
 
 @dataclass
@@ -272,7 +218,7 @@ class SessionsActor:
     async def patch(self, envelope: Envelope) -> SessionView:
         access = await self._allowed(envelope, Permission.CAN_UPDATE)
         body = parse(PatchSession, envelope.body)
-        expected = _if_match(envelope)
+        expected = if_match(envelope.params.get("ifMatch"))
         session_id = envelope.params.get("sessionId", "")
         now = self._clock()
 
@@ -301,7 +247,7 @@ class SessionsActor:
         """The session and its events leave the disk (rows on legal hold are only hidden)."""
         access = await self._allowed(envelope, Permission.CAN_DELETE)
         parse(NoBody, envelope.body)
-        expected = _if_match(envelope)
+        expected = if_match(envelope.params.get("ifMatch"))
         session_id = envelope.params.get("sessionId", "")
         now = self._clock()
 
@@ -332,7 +278,7 @@ class SessionsActor:
         else:
             events = [parse(EventIn, envelope.body)]
         new = [NewEvent(e.emitter.type, e.emitter.id, e.event_type,
-                        _masked_body(e.body, n if batch else None))
+                        masked_body(e.body, f"events.{n}.body" if batch else "body"))
                for n, e in enumerate(events)]
         session_id = envelope.params.get("sessionId", "")
         now = self._clock()
@@ -378,7 +324,7 @@ class SessionsActor:
             raise ValidationFailedError("the request is not valid", {"problems": [
                 {"field": "sequenceId", "problem": "must be a whole number from 0"}]})
         body = parse(EditEvent, envelope.body)
-        masked = _masked_body(body.body)
+        masked = masked_body(body.body)
         session_id = envelope.params.get("sessionId", "")
         now = self._clock()
 
@@ -427,7 +373,9 @@ class SessionsActor:
         """On the worker thread: (session, strategy) pairs due now, not waiting for a retry."""
         found: list[tuple[str, Strategy]] = []
         for row in self.store.sessions():
-            if row.legal_hold or not _may_be_due(row, now):  # legal hold: use is restricted
+            if row.legal_hold or not lifecycle.may_be_due(
+                    row.strategies, row.runs, now=now, created_at=row.created_at,
+                    last_event_at=row.last_event_at):  # legal hold: use is restricted
                 continue
             ran = _ran(row)
             for strategy in lifecycle.due(_strategies(row), now=now, created_at=row.created_at,
@@ -482,7 +430,8 @@ class SessionsActor:
             request = ExtractRequest(
                 space_id=row.space_id, workspace_id=row.tenant, session_id=row.session_id,
                 participants=list(row.participants),
-                events=[ExtractEvent(sequence_id=e.sequence_id, text=_extract_text(e))
+                events=[ExtractEvent(sequence_id=e.sequence_id,
+                                     text=extract_text(e.emitter_type, e.body))
                         for e in events])
             try:
                 await self._bus.request(EXTRACT_SUBJECT, request, Extracted,

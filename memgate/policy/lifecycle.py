@@ -6,9 +6,10 @@ types that already ran, the operator's settings, whether the space has an LLM).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from memgate.contracts.errors import ConflictError, UnprocessableError
 from memgate.contracts.sessions import MAX_STRATEGIES, Strategy, Trigger
@@ -101,10 +102,25 @@ def due(strategies: Sequence[Strategy], *, now: datetime, created_at: datetime,
     return sorted(found, key=lambda strategy: ORDER.index(strategy.type))
 
 
+def may_be_due(strategies: Sequence[Mapping[str, Any]], ran: Container[str], *,
+               now: datetime, created_at: datetime, last_event_at: datetime | None) -> bool:
+    """A cheap first look at strategies as stored (`{type, trigger}` dicts, unparsed): could
+    any be due now? The scheduler parses only the sessions for which it is true."""
+    for strategy in strategies:
+        if strategy["type"] in ran:
+            continue
+        trigger = strategy["trigger"]
+        start = created_at if "ttl" in trigger else last_event_at or created_at
+        seconds = trigger.get("ttl", trigger.get("idle"))
+        if seconds is not None and start + timedelta(seconds=seconds) <= now:
+            return True
+    return False
+
+
 def backoff(attempts: int, *, base_s: float, max_s: float) -> float:
     """Seconds to wait after the `attempts`-th failure in a row: base, 2×base, 4×base… ≤ max."""
     return float(min(max_s, base_s * 2 ** min(max(attempts - 1, 0), 30)))
 
 
 __all__ = ["DEFAULT_MAX_TTL_S", "DEFAULT_TTL_S", "Rules", "backoff", "default_strategies",
-           "due", "due_at", "hidden_at", "validate"]
+           "due", "due_at", "hidden_at", "may_be_due", "validate"]

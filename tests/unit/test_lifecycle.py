@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from memgate.contracts import ErrorCode
 from memgate.contracts.errors import MemgateError
 from memgate.contracts.sessions import Strategy, Trigger
-from memgate.policy import lifecycle
+from memgate.policy import conversation, lifecycle
 from memgate.policy.lifecycle import Rules
 
 pytestmark = pytest.mark.unit
@@ -136,3 +136,38 @@ def test_a_trigger_is_written_back_as_it_came() -> None:
     assert s(ttl=604800).model_dump(mode="json") == {"type": "soft_delete",
                                                      "trigger": {"ttl": 604800}}
     assert s(never=True).to_json() == b'{"type":"soft_delete","trigger":{"never":true}}'
+
+
+def test_a_session_that_may_be_due_is_found_from_the_stored_strategies() -> None:
+    stored = [{"type": "soft_delete", "trigger": {"ttl": 60}},
+              {"type": "extract_memories", "trigger": {"idle": 30}}]
+    at = T0 + timedelta(seconds=40)
+    assert lifecycle.may_be_due(stored, {}, now=at, created_at=T0, last_event_at=None)
+    assert not lifecycle.may_be_due(stored, {}, now=at, created_at=T0,
+                                    last_event_at=T0 + timedelta(seconds=20))
+    assert not lifecycle.may_be_due(stored, {"extract_memories"}, now=at, created_at=T0,
+                                    last_event_at=None)
+    assert not lifecycle.may_be_due([{"type": "soft_delete", "trigger": {"never": True}}], {},
+                                    now=T0 + timedelta(days=10_000), created_at=T0,
+                                    last_event_at=None)
+
+
+def test_event_bodies_are_masked_string_by_string_keys_included() -> None:
+    body: JsonValue = {"to alice@example.com": ["call +1 415 555 0100", 7, None, {"ok": True}]}
+    assert conversation.mask_json(body) == {"to [EMAIL]": ["call [PHONE]", 7, None, {"ok": True}]}
+    assert conversation.extract_text("user", '{"content":"hi [EMAIL]"}') == "user: hi [EMAIL]"
+    assert conversation.extract_text("tool", '{"x":1}') == 'tool: {"x":1}'
+    assert conversation.extract_text("user", '"plain"') == 'user: "plain"'
+
+
+@pytest.mark.parametrize(("header", "version"), [
+    (None, None), ("*", None), ("3", 3), ('"3"', 3), ('W/"12"', 12), (' "4" ', 4)])
+def test_if_match_names_a_version(header: str | None, version: int | None) -> None:
+    assert conversation.if_match(header) == version
+
+
+@pytest.mark.parametrize("header", ["soon", '"3', "-1", "1.5", "9" * 40, ""])
+def test_a_malformed_if_match_is_a_validation_error(header: str) -> None:
+    with pytest.raises(MemgateError) as refused:
+        conversation.if_match(header)
+    assert refused.value.code is ErrorCode.VALIDATION_ERROR
