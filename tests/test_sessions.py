@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -525,7 +526,8 @@ class OnTheClock:
 async def timed(tmp_path: Path) -> AsyncIterator[OnTheClock]:
     """memgate whose sessions actor runs on a clock the test moves (never by sleeping)."""
     async with AsyncExitStack() as stack:
-        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"sessions"}))
+        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"sessions"}),
+                                    mem0_extract_llm_timeout_s=2.0)
         clock = Clock()
         kinds = KindConnections(memgate.bus, timeout=10.0)
         await kinds.connect("sessions", stack)
@@ -620,3 +622,71 @@ async def test_the_erasure_actor_reaches_a_participants_conversation_logs(
     refused(await call(memgate, "GET", f"{space.sessions}/{session['id']}", space.owner.token),
             404, "NOT_FOUND")
     assert "hello" not in duckdb_events(memgate.settings.data_dir)
+
+
+@dataclass
+class Llm:
+    url: str  # the OpenAI-compatible base URL (…/v1)
+    root: str
+
+    async def mode(self, mode: str) -> None:  # ok, 5xx, slow, badjson
+        async with httpx.AsyncClient() as http:
+            (await http.post(f"{self.root}/_mode", json={"mode": mode})).raise_for_status()
+
+    async def received(self) -> str:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{self.root}/_received")).text
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[Llm]:
+    """A small OpenAI-compatible server (`tests/llm_server.py`) in a process of its own."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.llm_server", "--port", "0", "--mode", "ok",
+        stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    try:
+        assert process.stdout is not None
+        port = int((await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()[1])
+        yield Llm(url=f"http://127.0.0.1:{port}/v1", root=f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_extract_memories_moves_the_masked_conversation_into_the_space_once(
+        timed: OnTheClock, llm: Llm) -> None:
+    """On real components: the space-memories actor, and an OpenAI-compatible server in a
+    process of its own. Failures leave nothing behind and are retried after the backoff."""
+    memgate, clock = timed.memgate, timed.clock
+    space = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+    session = await new_session(memgate, space, lifecycleStrategies=[
+        strategy("extract_memories", idle=600), strategy(ttl=30 * DAY)])
+    path = f"{space.sessions}/{session['id']}"
+    await ok(memgate, "POST", f"{path}/events", space.owner.token, {"events": [
+        event("I moved to Haifa, write to alex.doe@example.com"),
+        event("Welcome to Haifa!", "agent")]})
+
+    async def memories() -> list[str]:
+        page = await ok(memgate, "POST", f"/memory/{space.space_id}/v3/memories/?page_size=50",
+                        space.owner.token, {"filters": {"run_id": session["id"]}})
+        return sorted(m["memory"] for m in page["results"])
+
+    await llm.mode("5xx")
+    clock.advance(600)
+    assert await timed.actor.run_due() == []
+    assert (await ok(memgate, "GET", path, space.owner.token))["lifecycleRuns"] == []
+    assert await memories() == []  # nothing half-extracted
+    await llm.mode("ok")
+    clock.advance(29)  # the first retry waits 30 s
+    assert await timed.actor.run_due() == []
+    clock.advance(1)
+    assert await timed.actor.run_due() == [(session["id"], "extract_memories")]
+    assert await memories() == ["I moved to Haifa, write to [EMAIL]", "Welcome to Haifa!"]
+    assert "alex.doe@example.com" not in await llm.received()
+    seen = await ok(memgate, "GET", path, space.owner.token)
+    assert [run["type"] for run in seen["lifecycleRuns"]] == ["extract_memories"]
+    clock.advance(3600)
+    assert await timed.actor.run_due() == []  # once
+    changed = await call(memgate, "PATCH", path, space.owner.token, {"lifecycleStrategies": [
+        strategy("extract_memories", idle=60), strategy(ttl=30 * DAY)]})
+    assert refused(changed, 409, "CONFLICT")["details"]["type"] == "extract_memories"
