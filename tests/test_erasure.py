@@ -7,10 +7,13 @@ import asyncio
 import os
 import subprocess
 import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 from memgate.storage.audit import read_entries, verify
-from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually
+from tests.test_erased_bytes import canary, hits, needles
+from tests.conftest import ADMIN_TOKEN, Member, Memgate, eventually, run_memgate
 
 BASE = "/api/admin/erasure-requests"
 LAYERS = ["memory_store", "vector_index", "conversation_logs", "traces_logs", "eval_exports",
@@ -164,3 +167,63 @@ async def test_memgate_admin_erase_runs_every_stage_and_prints_the_evidence(
     assert "6/6 layers" in done.stdout
     assert "memory_store" in done.stdout and "completed" in done.stdout
     assert await recall(memgate, token, "blue stamps") == []
+
+
+async def test_an_end_users_erasure_reaches_mem0_memories_conversations_and_every_byte(
+        tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        secret, user = await end_user_erased(memgate)
+    data = tmp_path / "data"  # stopped: nothing came back at shutdown
+    assert hits(data, needles(secret)) == []
+    assert hits(data, [user.encode()]) == []
+
+
+async def end_user_erased(memgate: Memgate) -> tuple[str, str]:
+    """Erase an end user of a space with a mem0 memory and a conversation; scan while running."""
+    owner = await memgate.workspace()
+    await memgate.ok("PATCH", f"/api/w/{owner.workspace_id}/members/{owner.member_id}",
+                     owner.token, {"memorySpacesEnabled": True})
+    space = (await memgate.ok("POST", "/memory/spaces", owner.token, {"description": "bot"}))["id"]
+    user, other = "64b7f0c2a1b2c3d4e5f60718", "64b7f0c2a1b2c3d4e5f60799"
+    secret, kept = canary(), canary()
+    mem0 = {"Authorization": f"Token {owner.token}"}
+
+    async def add(user_id: str, text: str) -> None:
+        response = await memgate.http.post(f"/memory/{space}/v3/memories/add/", headers=mem0,
+                                           json={"messages": [{"role": "user", "content": text}],
+                                                 "user_id": user_id})
+        assert response.status_code == 200, response.text
+
+    async def search(user_id: str, query: str) -> list[str]:
+        response = await memgate.http.post(f"/memory/{space}/v3/memories/search/", headers=mem0,
+                                           json={"query": query,
+                                                 "filters": {"user_id": user_id}})
+        assert response.status_code == 200, response.text
+        return [r["memory"] for r in response.json()["results"]]
+
+    await add(user, f"my locker code word is {secret}")
+    await add(other, f"my favourite word is {kept}")
+    assert await search(user, secret) == [f"my locker code word is {secret}"]  # indexed, embedded
+    session = await memgate.ok("POST", f"/memory/{space}/sessions", owner.token,
+                               {"participants": [user]})
+    await memgate.ok("POST", f"/memory/{space}/sessions/{session['id']}/events", owner.token,
+                     {"body": {"content": f"remember {secret} for me"},
+                      "emitter": {"type": "user", "id": user}, "eventType": "message"})
+
+    result = await erase(memgate, {"externalId": user}, owner.workspace_id)
+    found = result["discovered"]["discovery"]
+    assert found["memory_store"] == 1 and found["vector_index"] == 1
+    assert found["conversation_logs"] >= 1
+    assert {e["layer"]: e["erased"] for e in result["done"]["evidence"]}["memory_store"] == 1
+
+    assert await search(user, secret) == []
+    assert await search(other, kept) == [f"my favourite word is {kept}"]
+    gone = await memgate.admin("GET", f"/memory/{space}/sessions/{session['id']}/events",
+                               owner.token)
+    assert gone.status_code == 404 or gone.json().get("events") == []
+    data = memgate.settings.data_dir
+    assert hits(data, needles(secret)) == []  # running
+    assert hits(data, needles(kept)) != []
+    assert hits(data, [user.encode()]) == []  # the identity mapping went with the data
+    return secret, user

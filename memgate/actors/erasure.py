@@ -274,12 +274,14 @@ class ErasureActor:
 
         try:
             await self._sweep(row, erase=True, holds=row.holds or [], done=done)
-            row.status, row.completed_at = Status.COMPLETED.value, self._now()
-            row.member_id = row.external_id = None  # the identity goes with the data
         except MemgateError as failure:
             log.warning("erasure %s failed: %s", row.request_id, failure.code)
             row.status, row.failure = Status.FAILED.value, failure.code.value
-        await self._serial(self.store.save, row)
+            await self._serial(self.store.save, row)
+            return
+        row.status, row.completed_at = Status.COMPLETED.value, self._now()
+        row.member_id = row.external_id = None  # the identity goes with the data
+        await self._serial(self.store.forget_identity, row)
 
     @staticmethod
     def _reference(row: RequestRow) -> str:

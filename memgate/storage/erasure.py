@@ -13,8 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
+from memgate.storage import compaction
 from memgate.storage.directory import new_id
 
 _SCHEMA = """
@@ -61,8 +60,12 @@ class RequestRow:
 class ErasureStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
+        compaction.create(self._db)
+        if compaction.pending(self._db):  # an identity cleared before a crash
+            self._db = compaction.rewrite(self._db, path)
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
@@ -91,6 +94,15 @@ class ErasureStore:
             sets = ", ".join(f"{name} = ?" for name in _FIELDS[1:])
             self._db.execute(f"UPDATE erasure_requests SET {sets} WHERE request_id = ?",
                              [*values[1:], row.request_id])
+
+    def forget_identity(self, row: RequestRow) -> None:
+        """Save `row`, whose identity the caller cleared, and rewrite the file so that the
+        identity it named is in none of its bytes (`storage.compaction`)."""
+        self._db.execute("BEGIN")
+        self.save(row)
+        compaction.mark(self._db)
+        self._db.execute("COMMIT")
+        self._db = compaction.rewrite(self._db, self._path)
 
     def get(self, request_id: str) -> RequestRow | None:
         found = self._db.execute(

@@ -13,8 +13,7 @@ from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import duckdb
-
+from memgate.storage import compaction
 from memgate.storage.directory import new_id
 
 _SCHEMA = """
@@ -60,8 +59,12 @@ class EntityRow:
 class SpaceStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
+        compaction.create(self._db)
+        if compaction.pending(self._db):  # deleted before a crash, not rewritten since
+            self._db = compaction.rewrite(self._db, path)
         self._spaces = {row[0]: SpaceRow(*row) for row in
                         self._db.execute("SELECT * FROM spaces").fetchall()}
         self._shares: dict[str, dict[str, str]] = {}
@@ -121,7 +124,9 @@ class SpaceStore:
         self._db.execute("BEGIN")
         for table in ("spaces", "shares", "entities"):
             self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
+        compaction.mark(self._db)
         self._db.execute("COMMIT")
+        self._db = compaction.rewrite(self._db, self._path)  # its end users' ids leave the file
         self._spaces.pop(space_id, None)
         self._shares.pop(space_id, None)
         self._entities.pop(space_id, None)
@@ -154,4 +159,6 @@ class SpaceStore:
             self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
                              [entity.space_id, entity.namespace])
             self._entities.get(entity.space_id, {}).pop(entity.ids, None)
+        compaction.mark(self._db)
         self._db.execute("COMMIT")
+        self._db = compaction.rewrite(self._db, self._path)  # the ids leave every byte
