@@ -128,12 +128,21 @@ async def test_the_description_is_masked(memgate: Memgate) -> None:
     assert session["description"] == "chat with [EMAIL]"
 
 
+def on_disk(data_dir: Path) -> bytes:
+    """Every byte of the sessions file (and its write-ahead log, if any)."""
+    path = data_dir / "sessions.duckdb"
+    wal = path.with_name(path.name + ".wal")
+    return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
 async def test_a_deleted_session_and_its_events_are_gone(memgate: Memgate) -> None:
     space = await new_space(memgate)
     session = await new_session(memgate, space)
     path = f"{space.sessions}/{session['id']}"
-    await ok(memgate, "POST", f"{path}/events", space.owner.token, event("hello"))
+    await ok(memgate, "POST", f"{path}/events", space.owner.token, event("zanzibarcanary"))
+    assert b"zanzibarcanary" in on_disk(memgate.settings.data_dir)
     await ok(memgate, "DELETE", path, space.owner.token)
+    assert b"zanzibarcanary" not in on_disk(memgate.settings.data_dir)  # not one byte left
     refused(await call(memgate, "GET", path, space.owner.token), 404, "NOT_FOUND")
     refused(await call(memgate, "GET", f"{path}/events", space.owner.token), 404, "NOT_FOUND")
     refused(await call(memgate, "POST", f"{path}/events", space.owner.token, event("x")),
@@ -610,7 +619,7 @@ async def test_the_erasure_actor_reaches_a_participants_conversation_logs(
     space = await new_space(memgate)
     session = await new_session(memgate, space)
     await ok(memgate, "POST", f"{space.sessions}/{session['id']}/events", space.owner.token,
-             event("hello"))
+             event("hello quokkacanary"))
     erasure = await memgate.internal("erasure")  # on the erasure actor's own NATS login
     target = {"tenant": space.owner.workspace_id, "externalId": PARTICIPANT}
     found = await erasure.request("mem.int.sessions.subject", json.dumps(target).encode(),
@@ -621,7 +630,9 @@ async def test_the_erasure_actor_reaches_a_participants_conversation_logs(
     assert json.loads(erased.data)["result"]["count"] == 2
     refused(await call(memgate, "GET", f"{space.sessions}/{session['id']}", space.owner.token),
             404, "NOT_FOUND")
-    assert "hello" not in duckdb_events(memgate.settings.data_dir)
+    assert "quokkacanary" not in duckdb_events(memgate.settings.data_dir)
+    assert b"quokkacanary" not in on_disk(memgate.settings.data_dir)
+    assert PARTICIPANT.encode() not in on_disk(memgate.settings.data_dir)
 
 
 @dataclass

@@ -47,6 +47,7 @@ from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
 
@@ -121,6 +122,7 @@ class SessionsActor:
         self._extract_timeout_s = extract_timeout_s
         self._serial = Serial(self.name)
         self._store: SessionStore | None = None
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._running = asyncio.Lock()
         self._ticker: asyncio.Task[None] | None = None
@@ -261,7 +263,13 @@ class SessionsActor:
                 self._retries.pop((session_id, kind), None)
 
         await self._serial(apply)
+        await self._compacted()
         return Done()
+
+    async def _compacted(self) -> None:
+        """Once every deletion committed so far has left the file's bytes (SPEC §5.4)."""
+        if self.store.deletions_pending:
+            await self._compactions.after_deletion()
 
     # --- events ---
 
@@ -354,6 +362,7 @@ class SessionsActor:
         subject_id = target.external_id.lower()
         operation = self.store.erase_subject if target.erase else self.store.of_subject
         records = await self._serial(operation, target.tenant, subject_id)
+        await self._compacted()
         for record in records:
             for kind in ("soft_delete", "extract_memories"):
                 self._retries.pop((record, kind), None)

@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
+from memgate.storage import compaction
 from memgate.storage.directory import new_id
 
 CLASSIFICATION = "personal"  # a conversation log is personal data about its participants
@@ -144,8 +143,13 @@ def _event(values: Sequence[Any]) -> EventRow:
 class SessionStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
+        compaction.create(self._db)
+        if compaction.pending(self._db):  # deleted before a crash, not rewritten since
+            self._db = compaction.rewrite(self._db, path)
+        self.deletions_pending = False
         runs: dict[str, dict[str, Run]] = {}
         for session_id, kind, trigger, ran_at in self._db.execute(
                 "SELECT * FROM lifecycle_runs").fetchall():
@@ -167,6 +171,16 @@ class SessionStore:
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
+
+    def compact(self) -> None:
+        """Rewrite the file with only its live rows, so what was deleted leaves every byte of
+        it (SPEC §5.4; `storage.compaction`)."""
+        self.deletions_pending = False  # a deletion from here on needs the next rewrite
+        try:
+            self._db = compaction.rewrite(self._db, self._path)
+        except BaseException:
+            self.deletions_pending = True
+            raise
 
     # --- sessions ---
 
@@ -242,7 +256,8 @@ class SessionStore:
                          [session_id, kind, json.dumps(trigger), _naive(now)])
 
     def delete(self, row: SessionRow, now: datetime) -> None:
-        """The session and its events, from disk; rows on legal hold are hidden and kept."""
+        """The session and its events, from the file (`compact` takes them off the disk); rows
+        on legal hold are hidden and kept."""
         self._db.execute("BEGIN")
         try:
             for table in ("events", "lifecycle_runs", "sessions"):
@@ -252,10 +267,12 @@ class SessionStore:
             if row.legal_hold:
                 self._db.execute("UPDATE sessions SET hidden_at = ? WHERE session_id = ?",
                                  [_naive(now), row.session_id])
+            compaction.mark(self._db)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        self.deletions_pending = True
         if row.legal_hold:
             self._sessions[row.session_id] = replace(row, hidden_at=now, runs={})
         else:
@@ -351,11 +368,12 @@ class SessionStore:
                 hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
                 self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id)"
                                  f"{hold}", [sessions])
+            compaction.mark(self._db)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._db.execute("CHECKPOINT")
+        self.deletions_pending = True
         for session_id in sessions:
             del self._sessions[session_id]
         return erased
