@@ -61,8 +61,10 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
 def assert_error_shape(response: httpx.Response) -> None:
     assert response.headers["content-type"].startswith("application/json"), response.headers
     body = response.json()
-    assert set(body) == {"error"}, body
+    assert set(body) - {"detail"} == {"error"}, body
     error = body["error"]
+    if "detail" in body:  # the mem0-compatible routes add mem0's own field (SPEC §4.4)
+        assert "/memory/" in response.request.url.path and body["detail"] == error["message"]
     assert set(error) == {"code", "message", "details"}, error
     assert isinstance(error["message"], str)
     assert isinstance(error["details"], dict)

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from memgate.adapters.http_errors import COMMON, responses
 from memgate.adapters.routing import Mark, Send, token_of
 from memgate.bus import subjects
 from memgate.contracts import Contract
@@ -32,6 +33,16 @@ REFUSED = "refusedBody"  # a param set when the body is not a JSON object
 QUERY_PARAMS = ("page", "page_size", "filters", "user_id", "agent_id", "run_id")
 QUERY_PARAM_MAX = 8192
 BODY_DEPTH_MAX = 32  # objects and lists within each other (mem0 bodies need a handful)
+READS = responses(*COMMON)
+
+
+def _query(*names: str) -> dict[str, Any]:
+    """Query parameters for the OpenAPI document (the route reads them itself)."""
+    return {"parameters": [{"name": name, "in": "query", "required": False,
+                            "schema": {"type": "string"}} for name in names]}
+
+
+WRITES = responses(*COMMON, 409, 429)
 
 
 def mem0_error(exc: MemgateError) -> JSONResponse:
@@ -106,39 +117,40 @@ def router(send: Send, mark: Mark) -> APIRouter:
         return await send(subjects.space(f"memories.{operation}"), result, token, data,
                           **params)
 
-    @routes.get("/v1/ping/")
+    @routes.get("/v1/ping/", responses=READS)
     async def mem0_ping(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "ping", Ping)))
 
-    @routes.post("/v3/memories/add/")
+    @routes.post("/v3/memories/add/", responses=WRITES)
     async def mem0_add(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "add", AddResults, body=True)))
 
-    @routes.post("/v3/memories/")
+    @routes.post("/v3/memories/", responses=READS, openapi_extra=_query("page", "page_size"))
     async def mem0_get_all(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "list", MemoryPage, body=True)))
 
-    @routes.post("/v3/memories/search/")
+    @routes.post("/v3/memories/search/", responses=READS)
     async def mem0_search(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "search", SearchResults, body=True)))
 
-    @routes.get("/v1/memories/{memoryId}/")
+    @routes.get("/v1/memories/{memoryId}/", responses=READS)
     async def mem0_get(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "get", Mem0Memory)))
 
-    @routes.put("/v1/memories/{memoryId}/")
+    @routes.put("/v1/memories/{memoryId}/", responses=WRITES)
     async def mem0_update(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "update", Mem0Memory, body=True)))
 
-    @routes.delete("/v1/memories/{memoryId}/")
+    @routes.delete("/v1/memories/{memoryId}/", responses=READS)
     async def mem0_delete(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "delete", Mem0Message)))
 
-    @routes.delete("/v1/memories/")
+    @routes.delete("/v1/memories/", responses=READS,
+                   openapi_extra=_query("filters", "user_id", "agent_id", "run_id"))
     async def mem0_delete_all(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "delete_all", Mem0Message)))
 
-    @routes.get("/v1/memories/{memoryId}/history/")
+    @routes.get("/v1/memories/{memoryId}/history/", responses=READS)
     async def mem0_history(request: Request) -> JSONResponse:
         history: History = await forward(request, "history", History)
         return JSONResponse(_json(history)["entries"])
