@@ -252,13 +252,11 @@ class ErasureActor:
                                                SubjectCount)
         if not target.erase:
             return memories.count, memories.record_ids
-        dropped = 0
-        for owner, ids in memories.by_owner.items():
+        for owner, ids in memories.by_owner.items():  # gone from both once they answer
             drop = Drop(owner=Owner(tenant=target.tenant, subject_id=owner), memory_ids=ids)
             await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount)
-            dropped += (await self._bus.request(subjects.embed(partition, "drop"), drop,
-                                                SubjectCount)).count
-        return dropped, memories.record_ids
+            await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)
+        return memories.count, memories.record_ids
 
     async def _execute(self, row: RequestRow) -> None:
         row.evidence = []
