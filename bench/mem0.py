@@ -87,7 +87,7 @@ async def run(size: int, queries: int) -> list[str]:
                          timed(lambda: client.search(query(), top_k=10,
                                                      filters={"user_id": "user-3"}), queries)))
         table.append(row("mem0 get", timed(lambda: client.get(rng.choice(ids)), queries)))
-        table.append(row(f"mem0 get_all, one user, page of 100 (N={size})",
+        table.append(row(f"mem0 get_all, 1 user, 100 (N={size})",
                          timed(lambda: client.get_all(filters={"user_id": "user-3"},
                                                       page=1, page_size=100), queries)))
 
