@@ -187,10 +187,11 @@ async def test_a_malformed_and_a_newer_version_event_are_dead_lettered_while_ind
                     == [remembered.memory_id])
 
         await eventually(indexed_and_embedded)
-        records = await dead_letters(nc, 4)
+        consumers = ("indexer-p0", "embedder-p0", "audit")  # every consumer of memory events
+        records = await dead_letters(nc, 2 * len(consumers))
         found = {(r.durable, r.stream_seq, r.error) for r, _ in records}
         assert found == {(durable, ack.seq, error)
-                         for durable in ("indexer-p0", "embedder-p0")
+                         for durable in consumers
                          for ack, error in ((malformed, "malformed"),
                                             (newer, "unsupported_version"))}
         for record, raw in records:
