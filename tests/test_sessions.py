@@ -21,6 +21,7 @@ from memgate.actors.sessions import SessionsActor
 from memgate.bus.connections import KindConnections
 from memgate.policy.lifecycle import Rules
 from tests.conftest import Member, Memgate, run_memgate
+from tests.test_erased_bytes import canary, hits, needles
 
 PARTICIPANT = "67500a000000000000000001"
 AGENT = "67500a000000000000000002"
@@ -717,3 +718,48 @@ async def test_extract_memories_moves_the_masked_conversation_into_the_space_onc
     changed = await call(memgate, "PATCH", path, space.owner.token, {"lifecycleStrategies": [
         strategy("extract_memories", idle=60), strategy(ttl=30 * DAY)]})
     assert refused(changed, 409, "CONFLICT")["details"]["type"] == "extract_memories"
+
+
+# --- deleted means gone (SPEC §5.4): session events leave every byte ---
+
+
+async def test_an_edited_events_old_body_leaves_the_file(memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    path = f"{space.sessions}/{session['id']}/events"
+    secret = canary()
+    await ok(memgate, "POST", path, space.owner.token, event(f"my pin word is {secret}"))
+    data = memgate.settings.data_dir
+    assert hits(data, needles(secret)) != []  # the scan sees it while it is there
+    await memgate.ok("PATCH", f"{path}/0", space.owner.token, {"body": {"content": "redacted"}})
+    assert hits(data, needles(secret)) == []
+
+
+async def test_a_deleted_spaces_sessions_and_events_leave_the_disk(memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    secret = canary()
+    await ok(memgate, "POST", f"{space.sessions}/{session['id']}/events", space.owner.token,
+             event(f"the vault word is {secret}"))
+    await memgate.ok("DELETE", f"/memory/spaces/{space.space_id}", space.owner.token)
+    assert hits(memgate.settings.data_dir, needles(secret)) == []
+
+
+async def test_a_soft_deleted_session_leaves_the_disk_after_the_grace_period(
+        timed: OnTheClock) -> None:
+    memgate, clock = timed.memgate, timed.clock
+    space = await new_space(memgate)
+    session = await new_session(memgate, space, lifecycleStrategies=[strategy(ttl=3600)])
+    secret = canary()
+    await ok(memgate, "POST", f"{space.sessions}/{session['id']}/events", space.owner.token,
+             event(f"the door word is {secret}"))
+    clock.advance(3600)
+    assert await timed.actor.run_due() == [(session["id"], "soft_delete")]
+    data = memgate.settings.data_dir
+    assert hits(data, needles(secret)) != []  # hidden from reads, kept for the grace period
+    clock.advance(30 * DAY - 1)
+    await timed.actor.run_due()
+    assert hits(data, needles(secret)) != []
+    clock.advance(1)
+    await timed.actor.run_due()
+    assert hits(data, needles(secret)) == []

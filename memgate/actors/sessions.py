@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
@@ -39,7 +40,7 @@ from memgate.contracts.errors import (
 from memgate.contracts.sessions import (
     MAX_BATCH, CreateSession, EditEvent, Emitter, EventBatch, EventIn, EventList, EventsQuery,
     EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun, NoBody, PatchSession,
-    SessionView, Strategy, Trigger,
+    SessionView, SpaceDeleted, Strategy, Trigger,
 )
 from memgate.contracts.spaces import AccessRequest, Permission, SpaceAccess
 from memgate.policy import lifecycle
@@ -112,7 +113,8 @@ class SessionsActor:
     def __init__(self, *, path: Path, bus: Requester, rules: lifecycle.Rules = DEFAULT_RULES,
                  now: Clock = system_clock, interval_s: float | None = 60.0,
                  retry_s: float = 30.0, retry_max_s: float = 3600.0,
-                 extract_timeout_s: float = 120.0) -> None:
+                 extract_timeout_s: float = 120.0,
+                 purge_after_s: float = 30 * 24 * 3600) -> None:
         self._path = path
         self._bus = bus
         self._rules = rules
@@ -120,6 +122,7 @@ class SessionsActor:
         self._interval_s = interval_s
         self._retry_s, self._retry_max_s = retry_s, retry_max_s
         self._extract_timeout_s = extract_timeout_s
+        self._purge_after = timedelta(seconds=purge_after_s)
         self._serial = Serial(self.name)
         self._store: SessionStore | None = None
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
@@ -158,6 +161,9 @@ class SessionsActor:
             router.subscriber(subjects.space(f"sessions.{operation}"))(
                 replying(self._enveloped(handler)))
         router.subscriber(subjects.sessions_internal("subject"))(replying(self.subject))
+        router.subscriber(subjects.sessions_internal("space_deleted"))(
+            replying(self.space_deleted))
+        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -348,7 +354,9 @@ class SessionsActor:
                      "updatedAt": event.updated_at.isoformat().replace("+00:00", "Z")})
             return self.store.edit(session_id, event, masked, max(now, event.updated_at + TICK))
 
-        return _event_view(await self._serial(apply))
+        edited = await self._serial(apply)
+        await self._compacted()  # the old body leaves the file's bytes
+        return _event_view(edited)
 
     # --- erasure (SPEC §5.2, layer 3: conversation logs) ---
 
@@ -367,6 +375,21 @@ class SessionsActor:
             for kind in ("soft_delete", "extract_memories"):
                 self._retries.pop((record, kind), None)
         return SubjectCount(count=len(records), record_ids=records)
+
+    async def space_deleted(self, payload: bytes) -> Done:
+        """A deleted space's sessions and events leave the disk (those on legal hold stay,
+        hidden)."""
+        gone = parse(SpaceDeleted, payload)
+        now = self._clock()
+
+        def apply() -> None:
+            for row in self.store.of_space(gone.space_id):
+                if row.tenant == gone.tenant:
+                    self.store.delete(row, now)
+
+        await self._serial(apply)
+        await self._compacted()
+        return Done()
 
     # --- the lifecycle scheduler ---
 
@@ -407,6 +430,8 @@ class SessionsActor:
             if self._store is None:
                 return []
             now = self._clock()
+            if await self._serial(self._purge_hidden, now):
+                await self._compacted()
             ran: list[tuple[str, str]] = []
             for session_id, strategy in await self._serial(self._due, now):
                 if strategy.type == "soft_delete":
@@ -416,6 +441,17 @@ class SessionsActor:
                 if done:
                     ran.append((session_id, strategy.type))
             return ran
+
+    def _purge_hidden(self, now: datetime) -> int:
+        """Soft-deleted sessions leave the file `purge_after` after they were hidden (an
+        extraction still retrying from their events keeps them until it ends)."""
+        due = [row for row in self.store.sessions()
+               if row.hidden_at is not None and not row.legal_hold
+               and row.hidden_at + self._purge_after <= now
+               and (row.session_id, "extract_memories") not in self._retries]
+        for row in due:
+            self.store.delete(row, now)
+        return len(due)
 
     def _soft_delete(self, session_id: str, strategy: Strategy, now: datetime) -> bool:
         row = self.store.session(session_id)

@@ -22,6 +22,7 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge
+from memgate.contracts.sessions import SpaceDeleted
 from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
 from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
@@ -228,12 +229,15 @@ class SpacesActor:
         return SpaceList(spaces=[_view(space, SpaceRole(role)) for space, role in found])
 
     async def delete(self, envelope: Envelope) -> Done:
-        """The space, its shares and its entity map at once; its memories are purged."""
+        """The space, its shares and its entity map at once; its memories, sessions and events
+        are deleted (each owner rewrites its file: they leave the disk)."""
         access = await self._allowed(envelope, Permission.CAN_DELETE)
         await self._serial(self.store.delete, access.space_id)
         partition = partition_of(access.workspace_id, self._partitions)
         await self._bus.request(subjects.store(partition, "purge"), StorePurge(
             tenant=access.workspace_id, subject_id=space_owner(access.space_id)), ForgetResult)
+        await self._bus.request(subjects.sessions_internal("space_deleted"), SpaceDeleted(
+            tenant=access.workspace_id, space_id=access.space_id), Done)
         return Done()
 
     async def share(self, envelope: Envelope) -> SpaceView:

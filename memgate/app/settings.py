@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     lifecycle_retry_s: float = Field(default=30.0, gt=0)
     lifecycle_retry_max_s: float = Field(default=3600.0, gt=0)
     lifecycle_extract_timeout_s: float = Field(default=120.0, gt=0)
+    # A soft-deleted session (hidden at once) leaves the disk this long after (SPEC §5.4).
+    sessions_purge_after_s: int = Field(default=30 * 24 * 3600, ge=0)
     # The mem0-compatible API (SPEC §4.4): how long a space's LLM may take to extract facts for
     # an add (below the REST adapter's 10 s), and for a session's extract_memories.
     mem0_llm_timeout_s: float = Field(default=8.0, gt=0)

@@ -95,15 +95,16 @@ ROLES: Final[dict[str, Role]] = {
         subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
         callers=("recall", "erasure"), jetstream=True),
     "spaces": Role(
-        publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge")),
+        publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge"),
+                 subjects.sessions_internal("space_deleted")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
                    subjects.spaces_internal(">"), _ready("spaces"), subjects.dump("spaces", ">")),
         callers=("erasure", "sessions", "keys", "space-memories")),
     "sessions": Role(
         publish=(subjects.spaces_internal("access"), subjects.space_memories_internal("extract")),
         subscribe=(subjects.space("sessions.>"), subjects.sessions_internal(">"),
-                   _ready("sessions")),
-        callers=("erasure",)),
+                   _ready("sessions"), subjects.dump("sessions", ">")),
+        callers=("erasure", "spaces", "keys")),
     "space-memories": Role(  # the mem0-compatible API: stateless, like governance
         publish=(*(subjects.spaces_internal(op) for op in ("access", "entity", "entities", "llm")),
                  *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),

@@ -187,9 +187,17 @@ class Extracted(Contract):
     memory_ids: list[str]
 
 
+class SpaceDeleted(Contract):
+    """A memory space is gone: its sessions and events go too (the spaces actor tells)."""
+
+    tenant: str
+    space_id: str
+
+
 __all__ = [
     "EVENT_BODY_MAX_BYTES", "MAX_BATCH", "MAX_LAST_N", "MAX_STRATEGIES", "CreateSession",
     "EditEvent", "Emitter", "EventBatch", "EventIn", "EventList", "EventView", "EventsQuery",
     "ExtractEvent", "ExtractRequest", "Extracted", "LifecycleRun", "NoBody", "PatchSession",
-    "SessionView", "Strategy", "StrategyType", "Trigger",
+    "SessionView", "SpaceDeleted", "Strategy", "StrategyType", "Trigger",
 ]
+

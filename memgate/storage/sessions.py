@@ -278,6 +278,9 @@ class SessionStore:
         else:
             del self._sessions[row.session_id]
 
+    def of_space(self, space_id: str) -> list[SessionRow]:
+        return [row for row in self._sessions.values() if row.space_id == space_id]
+
     # --- events ---
 
     def append(self, row: SessionRow, events: Sequence[NewEvent], now: datetime,
@@ -334,9 +337,18 @@ class SessionStore:
         return None if found is None else _event(found)
 
     def edit(self, session_id: str, event: EventRow, body: str, now: datetime) -> EventRow:
-        self._db.execute("UPDATE events SET body = ?, updated_at = ? WHERE session_id = ? "
-                         "AND sequence_id = ?",
-                         [body, _naive(now), session_id, event.sequence_id])
+        """The old body leaves the file's bytes with the next `compact` (like a deletion)."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("UPDATE events SET body = ?, updated_at = ? WHERE session_id = ? "
+                             "AND sequence_id = ?",
+                             [body, _naive(now), session_id, event.sequence_id])
+            compaction.mark(self._db)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self.deletions_pending = True
         return replace(event, body=body, updated_at=now)
 
     # --- erasure (SPEC §5.2, layer 3): what is held about a participant ---
