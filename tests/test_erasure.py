@@ -59,10 +59,14 @@ async def erase(memgate: Memgate, subject: dict[str, str], workspace: str, *,
 async def test_a_members_erasure_goes_through_every_stage_and_leaves_only_evidence(
         memgate: Memgate) -> None:
     owner = await memgate.workspace()
-    member = await memgate.member(owner, "editor")
+    name = canary()  # the member's name: their identity
+    added = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/members", owner.token,
+                             {"name": name, "role": "editor"})
+    member = Member(owner.workspace_id, added["memberId"], added["memberToken"])
     mine, theirs = await memgate.credential(member), await memgate.credential(owner)
+    secret = canary()
     for n in range(3):
-        await remember(memgate, mine, f"the member prefers violet notebooks {n}")
+        await remember(memgate, mine, f"the member prefers violet notebooks {secret} {n}")
     await remember(memgate, theirs, "the owner prefers violet pens")
 
     result = await erase(memgate, {"memberId": member.member_id}, owner.workspace_id)
@@ -81,8 +85,12 @@ async def test_a_members_erasure_goes_through_every_stage_and_leaves_only_eviden
     assert "violet" not in str(audited) and "member" not in str(audited)
     assert verify(memgate.settings.data_dir / "audit").ok
 
-    assert await recall(memgate, mine, "violet notebooks") == []
     assert await recall(memgate, theirs, "violet") == ["the owner prefers violet pens"]
+    for token in (mine, member.token):  # the member ↔ identity mapping went too
+        refused = await memgate.admin("POST", "/api/agent/v1/memories/recall", token,
+                                      {"query": "violet"})
+        assert refused.status_code == 401
+    assert hits(memgate.settings.data_dir, needles(secret) + needles(name)) == []
 
 
 async def test_nothing_is_resolved_before_identity_is_verified(memgate: Memgate) -> None:
@@ -166,7 +174,9 @@ async def test_memgate_admin_erase_runs_every_stage_and_prints_the_evidence(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "6/6 layers" in done.stdout
     assert "memory_store" in done.stdout and "completed" in done.stdout
-    assert await recall(memgate, token, "blue stamps") == []
+    gone = await memgate.admin("POST", "/api/agent/v1/memories/recall", token,
+                               {"query": "blue stamps"})
+    assert gone.status_code == 401  # the member is erased, their credentials with them
 
 
 async def test_an_end_users_erasure_reaches_mem0_memories_conversations_and_every_byte(

@@ -94,6 +94,7 @@ class DirectoryActor:
         router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
         router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
         router.subscriber(subjects.DIRECTORY_MEMBER)(replying(self.member_principal))
+        router.subscriber(subjects.DIRECTORY_FORGET_MEMBER)(replying(self.forget_member))
         router.subscriber(subjects.DIRECTORY_RETENTION)(replying(self.retention))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
@@ -181,6 +182,19 @@ class DirectoryActor:
         task = asyncio.create_task(sweep())
         self._sweeps.add(task)
         task.add_done_callback(self._sweeps.discard)
+
+    async def forget_member(self, payload: bytes) -> Done:
+        """For an erasure, once the member's data is gone: the member ↔ identity mapping goes
+        too (the name; the tokens stop working)."""
+        request = parse(MemberRequest, payload)
+
+        def forget() -> None:
+            member = self.store.member(request.workspace_id or "", request.member_id or "")
+            if member is not None:
+                self.store.forget_member(member.member_id)
+
+        await self._serial(forget)
+        return Done()
 
     # --- who is calling an admin command ---
 

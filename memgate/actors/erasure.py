@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Contract, Envelope
+from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.backup import AuditAppend, AuditAppended
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.erasure import (
@@ -239,6 +239,9 @@ class ErasureActor:
                 await done(layer.name, *counts[layer.name])
         if erase and row.external_id is not None:  # last: the identity mapping
             await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
+        if erase and row.member_id is not None:
+            await self._bus.request(subjects.DIRECTORY_FORGET_MEMBER, MemberRequest(
+                workspace_id=row.workspace_id, member_id=row.member_id), Done)
         return counts
 
     async def _vectors(self, target: SubjectTarget, partition: str,

@@ -113,7 +113,8 @@ ROLES: Final[dict[str, Role]] = {
                    _ready("space-memories")),
         callers=("sessions",)),
     "erasure": Role(
-        publish=(subjects.DIRECTORY_MEMBER, subjects.spaces_internal("subject"),
+        publish=(subjects.DIRECTORY_MEMBER, subjects.DIRECTORY_FORGET_MEMBER,
+                 subjects.spaces_internal("subject"),
                  subjects.store(ANY, "subject"), subjects.index(ANY, "drop"),
                  subjects.embed(ANY, "drop"), subjects.sessions_internal("subject"),
                  subjects.keys_internal("subject"), subjects.AUDIT_APPEND),

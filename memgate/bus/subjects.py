@@ -21,6 +21,7 @@ DIRECTORY_NATS_AGENTS: Final = "mem.int.dir.nats_agents"
 NATS_RELOAD: Final = "mem.int.nats.reload"
 DIRECTORY_OWNER_CHECK: Final = "mem.int.dir.owner_check"
 DIRECTORY_MEMBER: Final = "mem.int.dir.member"  # a member token → MemberPrincipal
+DIRECTORY_FORGET_MEMBER: Final = "mem.int.dir.forget_member"  # an erasure's last step
 DIRECTORY_RETENTION: Final = "mem.int.dir.retention"  # every workspace's retentionDays
 REAPER_SWEEP: Final = "mem.int.reaper.sweep"  # purge what retention allows no longer, now
 

@@ -11,7 +11,8 @@ import uuid
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 
-import duckdb
+
+from memgate.storage import compaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (
@@ -85,8 +86,12 @@ class DirectoryStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._path = path
+        self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
+        compaction.create(self._db)
+        if compaction.pending(self._db):  # an identity erased before a crash
+            self._db = compaction.rewrite(self._db, path)
         self._workspaces = {row[0]: WorkspaceRow(*row) for row in
                             self._db.execute("SELECT * FROM workspaces").fetchall()}
         self._members = {row[0]: MemberRow(*row) for row in
@@ -150,6 +155,30 @@ class DirectoryStore:
         self._db.execute("UPDATE members SET role = ? WHERE workspace_id = ? AND member_id = ?",
                          [role, workspace_id, member_id])
         self._members[member_id] = replace(self._members[member_id], role=role)
+
+    def forget_member(self, member_id: str) -> None:
+        """An erased member (SPEC §5.5): the name goes, the member token and every credential
+        stop working, and the file is rewritten so the name is in none of its bytes. The id
+        stays, tied to nobody, so that the audit log's references lead nowhere."""
+        row = self._members.get(member_id)
+        if row is None:
+            return
+        unusable = hash_token(secrets.token_urlsafe(32))  # no token hashes to it
+        self._db.execute("BEGIN")
+        self._db.execute("UPDATE members SET name = '', token_hash = ?, "
+                         "memory_spaces_enabled = false WHERE member_id = ?",
+                         [unusable, member_id])
+        self._db.execute("UPDATE credentials SET name = '', revoked = true WHERE member_id = ?",
+                         [member_id])
+        compaction.mark(self._db)
+        self._db.execute("COMMIT")
+        self._db = compaction.rewrite(self._db, self._path)
+        self._member_tokens.pop(row.token_hash, None)
+        self._members[member_id] = replace(row, name="", token_hash=unusable,
+                                           memory_spaces_enabled=False)
+        for credential in [c for c in self._credentials.values() if c.member_id == member_id]:
+            del self._credentials[credential.credential_id]
+            self._credential_tokens.pop(credential.token_hash, None)
 
     def set_memory_spaces(self, member_id: str, enabled: bool) -> None:
         self._db.execute("UPDATE members SET memory_spaces_enabled = ? WHERE member_id = ?",
