@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Requester
@@ -111,18 +111,10 @@ class DirectoryActor:
             "nats.revoke": self.revoke_nats_agent,
         }
         for operation, handler in admin.items():
-            router.subscriber(subjects.admin(operation))(replying(self._enveloped(handler)))
+            router.subscriber(subjects.admin(operation))(replying(enveloped(handler)))
         dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    @staticmethod
-    def _enveloped(handler: AdminHandler) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            return await handler(parse(Envelope, payload))
-
-        handle.__name__ = handler.__name__
-        return handle
 
     # --- credentials → principals (governance asks, on every command) ---
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,11 +27,11 @@ from memgate.contracts.erasure import (
     SubjectCount, SubjectTarget, VerifyIdentity,
 )
 from memgate.contracts.errors import (
-    ConflictError, MemgateError, NotFoundError, UnauthenticatedError,
+    ConflictError, MemgateError, NotFoundError,
 )
 from memgate.contracts.internal import Owner
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
 from memgate.storage.erasure import ErasureStore, RequestRow
 
@@ -113,21 +112,9 @@ class ErasureActor:
         }
         for operation, handler in handlers.items():
             router.subscriber(subjects.admin(f"erasure.{operation}"))(
-                replying(self._operator_only(handler)))
+                replying(enveloped(handler, operator=lambda: self._admin_hash)))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    def _operator_only(self, handler: Callable[[Envelope], Awaitable[Contract]],
-                       ) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            envelope = parse(Envelope, payload)
-            if not envelope.token or not secrets.compare_digest(hash_token(envelope.token),
-                                                                self._admin_hash):
-                raise UnauthenticatedError("the operator token is required")
-            return await handler(envelope)
-
-        handle.__name__ = handler.__name__
-        return handle
 
     # --- stages ---
 

@@ -35,10 +35,10 @@ from memgate.contracts.backup import (
 from memgate.contracts.directory import Done
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.errors import (
-    MemgateError, NotFoundError, UnauthenticatedError, UnavailableError,
+    MemgateError, NotFoundError, UnavailableError,
 )
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.actor import Serial, enveloped, ready_route
 from memgate.storage import backup
 from memgate.storage.directory import hash_token
 from memgate.storage.keys import KeyStore
@@ -130,21 +130,9 @@ class KeysActor:
             "begin": self.begin, "page": self.page, "end": self.end}
         for operation, handler in handlers.items():
             router.subscriber(subjects.admin(f"backup.{operation}"))(
-                replying(self._operator_only(handler)))
+                replying(enveloped(handler, operator=lambda: self._admin_hash)))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    def _operator_only(self, handler: Callable[[Envelope], Awaitable[Contract]],
-                       ) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            envelope = parse(Envelope, payload)
-            if not envelope.token or not secrets.compare_digest(hash_token(envelope.token),
-                                                                self._admin_hash):
-                raise UnauthenticatedError("the operator token is required")
-            return await handler(envelope)
-
-        handle.__name__ = handler.__name__
-        return handle
 
     # --- erasure's layers: eval exports and backups ---
 

@@ -47,7 +47,7 @@ from memgate.policy import lifecycle
 from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.actor import Serial, enveloped, ready_route
 from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
@@ -159,21 +159,13 @@ class SessionsActor:
         }
         for operation, handler in handlers.items():
             router.subscriber(subjects.space(f"sessions.{operation}"))(
-                replying(self._enveloped(handler)))
+                replying(enveloped(handler)))
         router.subscriber(subjects.sessions_internal("subject"))(replying(self.subject))
         router.subscriber(subjects.sessions_internal("space_deleted"))(
             replying(self.space_deleted))
         dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    @staticmethod
-    def _enveloped(handler: Handler) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            return await handler(parse(Envelope, payload))
-
-        handle.__name__ = handler.__name__
-        return handle
 
     def _clock(self) -> datetime:
         return _ms(self._now().astimezone(UTC))

@@ -50,7 +50,7 @@ from memgate.policy.mem0 import (
 from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel
 from memgate.ports.storage import BusStorage, Storage
-from memgate.runtime.actor import ready_route
+from memgate.runtime.actor import enveloped, ready_route
 from memgate.storage.directory import hash_token
 
 QUEUE = "space-memories"
@@ -132,20 +132,11 @@ class SpaceMemoriesActor:
         }
         for operation, handler in public.items():
             router.subscriber(subjects.space(f"memories.{operation}"), queue=QUEUE,
-                              max_workers=CONCURRENCY)(replying(self._enveloped(handler)))
+                              max_workers=CONCURRENCY)(replying(enveloped(handler)))
         router.subscriber(subjects.space_memories_internal("extract"), queue=QUEUE,
                           max_workers=CONCURRENCY)(replying(self.extract))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    @staticmethod
-    def _enveloped(handler: Callable[[Envelope], Awaitable[Contract]],
-                   ) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            return await handler(parse(Envelope, payload))
-
-        handle.__name__ = handler.__name__
-        return handle
 
     # --- who may do what, and about whom ---
 

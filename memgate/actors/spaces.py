@@ -30,7 +30,7 @@ from memgate.contracts.spaces import (
     ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
 from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
 
@@ -84,7 +84,7 @@ class SpacesActor:
             "spaces.delete": self.delete, "shares.put": self.share, "shares.delete": self.revoke,
         }
         for operation, handler in public.items():
-            router.subscriber(subjects.space(operation))(replying(self._enveloped(handler)))
+            router.subscriber(subjects.space(operation))(replying(enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "access": self.access, "entity": self.entity, "entities": self.entities,
             "subject": self.subject, "llm": self.llm,
@@ -94,15 +94,6 @@ class SpacesActor:
         dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router
-
-    @staticmethod
-    def _enveloped(handler: Callable[[Envelope], Awaitable[Contract]],
-                   ) -> Callable[[bytes], Awaitable[Contract]]:
-        async def handle(payload: bytes) -> Contract:
-            return await handler(parse(Envelope, payload))
-
-        handle.__name__ = handler.__name__
-        return handle
 
     # --- who is calling ---
 

@@ -3,6 +3,7 @@ on a NATS login of its own (`bus.logins`)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -211,6 +212,13 @@ async def start_system(settings: Settings, stack: AsyncExitStack, *,
     return bus
 
 
+async def stop_together(actors: list[Actor]) -> None:
+    results = await asyncio.gather(*(actor.stop() for actor in actors), return_exceptions=True)
+    for actor, result in zip(actors, results, strict=True):
+        if isinstance(result, Exception):
+            log.error("%s did not stop cleanly: %s", actor.name, type(result).__name__)
+
+
 async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
                        server: EmbeddedNats | None = None,
@@ -227,14 +235,20 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),
                                        logins=logins or [])
         actors.append(authority)
-    brokers: dict[str, NatsBroker] = {}
-    for actor in actors:
-        if actor.name in skip or (only is not None and actor.name not in only):
-            continue
-        kind = kind_of(actor.name)
+    actors = [actor for actor in actors
+              if actor.name not in skip and (only is None or actor.name in only)]
+    for kind in dict.fromkeys(kind_of(actor.name) for actor in actors):
         await kinds.connect(kind, stack)
+    brokers: dict[str, NatsBroker] = {}
+    started: list[Actor] = []
+    # Stopped together, after their brokers (nothing reaches them any more) and before their
+    # connections close: each lets its consumers' last pull finish, and one after another
+    # would add those waits up.
+    stack.push_async_callback(stop_together, started)
+    for actor in actors:
+        kind = kind_of(actor.name)
         await actor.start()
-        stack.push_async_callback(actor.stop)
+        started.append(actor)
         if kind not in brokers:
             brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
         brokers[kind].include_router(actor.router())

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import secrets
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from memgate.bus import NatsRouter, ok_bytes, replying
+from memgate.bus import NatsRouter, ok_bytes, parse, replying
+from memgate.contracts import Contract, Envelope
+from memgate.contracts.errors import UnauthenticatedError
 from memgate.contracts.internal import Ready
 
 R = TypeVar("R")
@@ -40,6 +44,26 @@ def partition_of(workspace_id: str, partitions: int) -> str:
     return f"p{zlib.crc32(workspace_id.encode()) % partitions}"
 
 
+EnvelopeHandler = Callable[[Envelope], Awaitable[Contract]]
+
+
+def enveloped(handler: EnvelopeHandler, *, operator: Callable[[], str] | None = None,
+              ) -> Callable[[bytes], Awaitable[Contract]]:
+    """A public command's handler: the envelope parsed first. With `operator` (the operator
+    token's SHA-256 hex, read at each call), refused unless the envelope carries that token."""
+
+    async def handle(payload: bytes) -> Contract:
+        envelope = parse(Envelope, payload)
+        if operator is not None:
+            given = hashlib.sha256((envelope.token or "").encode()).hexdigest()
+            if not envelope.token or not secrets.compare_digest(given, operator()):
+                raise UnauthenticatedError("the operator token is required")
+        return await handler(envelope)
+
+    handle.__name__ = handler.__name__
+    return handle
+
+
 def ready_route(router: NatsRouter, subject: str, name: str) -> None:
     """Answer readiness probes for `name` (the REST `/healthz` asks every actor)."""
 
@@ -49,4 +73,5 @@ def ready_route(router: NatsRouter, subject: str, name: str) -> None:
     router.subscriber(subject)(replying(ready))
 
 
-__all__ = ["Actor", "Serial", "ok_bytes", "partition_of", "ready_route"]
+__all__ = ["Actor", "EnvelopeHandler", "Serial", "enveloped", "ok_bytes", "partition_of",
+           "ready_route"]

@@ -54,6 +54,16 @@ def connect(path: Path) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(path))
 
 
+def open_owned(path: Path, schema: str) -> duckdb.DuckDBPyConnection:
+    """Open (or make) a file whose single owner rewrites it after deletions: its `schema`
+    made, a rewrite that a crash interrupted done now."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = connect(path)
+    db.execute(schema)
+    create(db)
+    return rewrite(db, path) if pending(db) else db
+
+
 def create(db: duckdb.DuckDBPyConnection) -> None:
     db.execute(_STATE)
     row = db.execute("SELECT count(*) FROM compaction").fetchone()

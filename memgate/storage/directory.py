@@ -85,13 +85,8 @@ class DirectoryStore:
     """
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
-        compaction.create(self._db)
-        if compaction.pending(self._db):  # an identity erased before a crash
-            self._db = compaction.rewrite(self._db, path)
+        self._db = compaction.open_owned(path, _SCHEMA)
         self._workspaces = {row[0]: WorkspaceRow(*row) for row in
                             self._db.execute("SELECT * FROM workspaces").fetchall()}
         self._members = {row[0]: MemberRow(*row) for row in

@@ -59,13 +59,8 @@ class RequestRow:
 
 class ErasureStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
-        compaction.create(self._db)
-        if compaction.pending(self._db):  # an identity cleared before a crash
-            self._db = compaction.rewrite(self._db, path)
+        self._db = compaction.open_owned(path, _SCHEMA)
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")

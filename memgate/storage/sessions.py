@@ -142,13 +142,8 @@ def _event(values: Sequence[Any]) -> EventRow:
 
 class SessionStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
-        compaction.create(self._db)
-        if compaction.pending(self._db):  # deleted before a crash, not rewritten since
-            self._db = compaction.rewrite(self._db, path)
+        self._db = compaction.open_owned(path, _SCHEMA)
         self.deletions_pending = False
         runs: dict[str, dict[str, Run]] = {}
         for session_id, kind, trigger, ran_at in self._db.execute(

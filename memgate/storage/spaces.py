@@ -58,13 +58,8 @@ class EntityRow:
 
 class SpaceStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
-        compaction.create(self._db)
-        if compaction.pending(self._db):  # deleted before a crash, not rewritten since
-            self._db = compaction.rewrite(self._db, path)
+        self._db = compaction.open_owned(path, _SCHEMA)
         self._spaces = {row[0]: SpaceRow(*row) for row in
                         self._db.execute("SELECT * FROM spaces").fetchall()}
         self._shares: dict[str, dict[str, str]] = {}

@@ -25,15 +25,10 @@ class VectorStore:
     """Synchronous DuckDB access; the embedder serialises calls onto one thread."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
-        compaction.create(self._db)
+        self._db = compaction.open_owned(path, _SCHEMA)
         # Vectors deleted since the file was last rewritten (read by the embedder's loop).
-        self.deletions_pending = compaction.pending(self._db)
-        if self.deletions_pending:  # deleted before a crash, not rewritten since
-            self.compact()
+        self.deletions_pending = False
 
     def compact(self) -> None:
         """Rewrite the file with only the live vectors: a deleted one leaves every byte of it
