@@ -19,6 +19,7 @@ back what it stored.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
@@ -187,11 +188,11 @@ class SpaceMemoriesActor:
     # --- storing, all or nothing ---
 
     async def _remember_all(self, owner: Owner, credential_id: str, namespace: str,
-                            texts: list[str], retention_days: int,
-                            sources: list[str]) -> list[tuple[str, RememberResult]]:
-        """Each text a memory of its own (a new mem0 id); if any is refused, those stored are
-        forgotten again and the first refusal is raised."""
-        keys = [uuid.uuid4().hex for _ in texts]
+                            texts: list[str], retention_days: int, sources: list[str],
+                            keys: list[str] | None = None) -> list[tuple[str, RememberResult]]:
+        """Each text a memory of its own (`keys`, else new mem0 ids); if any is refused, those
+        stored are forgotten again and the first refusal is raised."""
+        keys = keys or [uuid.uuid4().hex for _ in texts]
         outcomes = await asyncio.gather(*(self._storage.remember(StoreRemember(
             owner=owner, credential_id=credential_id, namespace=namespace, key=key, text=text,
             retention_days=retention_days, derived_from=sources))
@@ -403,9 +404,13 @@ class SpaceMemoriesActor:
         entity = Entity(user_id=request.participants[0] if len(request.participants) == 1
                         else None, run_id=request.session_id)
         namespace = await self._namespace(request.space_id, entity)
+        sources = [derived_from(request.session_id, e.sequence_id) for e in events]
+        # The same events give the same keys: an extraction retried after the caller gave up
+        # on one that did finish stores new versions of the same memories, not copies.
+        run = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:24]
         stored = await self._remember_all(
             self._owner(request.workspace_id, request.space_id),
             f"{space_owner(request.space_id)}:lifecycle", namespace, texts,
-            EXTRACTED_RETENTION_DAYS,
-            [derived_from(request.session_id, e.sequence_id) for e in events])
+            EXTRACTED_RETENTION_DAYS, sources,
+            keys=[f"{run}{index:08x}" for index in range(len(texts))])
         return Extracted(memory_ids=[key for key, _ in stored])
