@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -161,3 +162,32 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 1
 @pytest.fixture(params=["rest", "bus"])
 def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@dataclass
+class Llm:
+    url: str  # the OpenAI-compatible base URL (…/v1)
+    root: str
+
+    async def mode(self, mode: str) -> None:  # ok, 5xx, slow, badjson
+        async with httpx.AsyncClient() as http:
+            (await http.post(f"{self.root}/_mode", json={"mode": mode})).raise_for_status()
+
+    async def received(self) -> str:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{self.root}/_received")).text
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[Llm]:
+    """A small OpenAI-compatible server (`tests/llm_server.py`) in a process of its own."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.llm_server", "--port", "0", "--mode", "ok",
+        stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    try:
+        assert process.stdout is not None
+        port = int((await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()[1])
+        yield Llm(url=f"http://127.0.0.1:{port}/v1", root=f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        await process.wait()

@@ -13,7 +13,6 @@ os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0-"))
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import nats
 import pytest
 from mem0 import AsyncMemoryClient, MemoryClient
@@ -30,7 +28,7 @@ from mem0.exceptions import (
 )
 from mem0.memory.telemetry import client_telemetry
 
-from tests.conftest import Member, Memgate, run_memgate
+from tests.conftest import Llm, Member, Memgate, run_memgate
 
 EMAIL = "alex.doe@example.com"
 
@@ -40,35 +38,6 @@ async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
     async with AsyncExitStack() as stack:
         yield await run_memgate(tmp_path, stack, mem0_llm_timeout_s=2.0,
                                 mem0_extract_llm_timeout_s=2.0)
-
-
-@dataclass
-class Llm:
-    url: str  # the OpenAI-compatible base URL (…/v1)
-    root: str
-
-    async def mode(self, mode: str) -> None:
-        async with httpx.AsyncClient() as http:
-            (await http.post(f"{self.root}/_mode", json={"mode": mode})).raise_for_status()
-
-    async def received(self) -> str:
-        async with httpx.AsyncClient() as http:
-            return (await http.get(f"{self.root}/_received")).text
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[Llm]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.llm_server", "--port", "0", "--mode", "ok",
-        stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent)
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        port = int(line.decode().split()[1])
-        yield Llm(url=f"http://127.0.0.1:{port}/v1", root=f"http://127.0.0.1:{port}")
-    finally:
-        process.terminate()
-        await process.wait()
 
 
 @dataclass

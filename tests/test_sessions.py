@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import pytest
 from memgate.actors.sessions import SessionsActor
 from memgate.bus.connections import KindConnections
 from memgate.policy.lifecycle import Rules
-from tests.conftest import Member, Memgate, run_memgate
+from tests.conftest import Llm, Member, Memgate, run_memgate
 from tests.test_erased_bytes import canary, hits, needles
 
 PARTICIPANT = "67500a000000000000000001"
@@ -650,35 +649,6 @@ async def test_the_erasure_actor_reaches_a_participants_conversation_logs(
     assert "quokkacanary" not in duckdb_events(memgate.settings.data_dir)
     assert b"quokkacanary" not in on_disk(memgate.settings.data_dir)
     assert PARTICIPANT.encode() not in on_disk(memgate.settings.data_dir)
-
-
-@dataclass
-class Llm:
-    url: str  # the OpenAI-compatible base URL (…/v1)
-    root: str
-
-    async def mode(self, mode: str) -> None:  # ok, 5xx, slow, badjson
-        async with httpx.AsyncClient() as http:
-            (await http.post(f"{self.root}/_mode", json={"mode": mode})).raise_for_status()
-
-    async def received(self) -> str:
-        async with httpx.AsyncClient() as http:
-            return (await http.get(f"{self.root}/_received")).text
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[Llm]:
-    """A small OpenAI-compatible server (`tests/llm_server.py`) in a process of its own."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.llm_server", "--port", "0", "--mode", "ok",
-        stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent)
-    try:
-        assert process.stdout is not None
-        port = int((await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()[1])
-        yield Llm(url=f"http://127.0.0.1:{port}/v1", root=f"http://127.0.0.1:{port}")
-    finally:
-        process.terminate()
-        await process.wait()
 
 
 async def test_extract_memories_moves_the_masked_conversation_into_the_space_once(

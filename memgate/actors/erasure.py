@@ -158,7 +158,7 @@ class ErasureActor:
     async def decide(self, envelope: Envelope) -> ErasureView:
         row = await self._request(envelope, Status.DISCOVERED, Status.DECIDED)
         body = parse(Decide, envelope.body)
-        row.holds, row.decision_reason = body.holds, body.reason
+        row.holds, row.decision_reason = list(body.holds), body.reason
         row.status = Status.DECIDED.value
         await self._serial(self.store.save, row)
         return self._view(row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -12,8 +13,9 @@ from memgate.contracts.base import Contract, Id
 from memgate.contracts.internal import Owner
 
 # The six layers of SPEC §5.2, in the order execution erases them.
-LAYERS = ("memory_store", "vector_index", "conversation_logs", "traces_logs", "eval_exports",
-          "backups")
+LayerName = Literal["memory_store", "vector_index", "conversation_logs", "traces_logs",
+                "eval_exports", "backups"]
+LAYERS: tuple[str, ...] = get_args(LayerName)
 
 
 class Status(StrEnum):
@@ -53,15 +55,8 @@ class VerifyIdentity(Contract):
 class Decide(Contract):
     """Layers kept by a legal hold or exception (GDPR Art. 17(3)), and why."""
 
-    holds: list[str] = Field(default_factory=list, max_length=len(LAYERS))
+    holds: list[LayerName] = Field(default_factory=list, max_length=len(LAYERS))
     reason: str = Field(min_length=1, max_length=1000)
-
-    @model_validator(mode="after")
-    def _known_layers(self) -> Decide:
-        unknown = sorted(set(self.holds) - set(LAYERS))
-        if unknown:
-            raise ValueError(f"unknown layers {unknown}; the layers are {list(LAYERS)}")
-        return self
 
 
 class Evidence(Contract):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 from memgate.storage import compaction
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (
@@ -159,14 +160,13 @@ class DirectoryStore:
         if row is None:
             return
         unusable = hash_token(secrets.token_urlsafe(32))  # no token hashes to it
-        self._db.execute("BEGIN")
-        self._db.execute("UPDATE members SET name = '', token_hash = ?, "
-                         "memory_spaces_enabled = false WHERE member_id = ?",
-                         [unusable, member_id])
-        self._db.execute("UPDATE credentials SET name = '', revoked = true WHERE member_id = ?",
-                         [member_id])
-        compaction.mark(self._db)
-        self._db.execute("COMMIT")
+        with transaction(self._db):
+            self._db.execute("UPDATE members SET name = '', token_hash = ?, "
+                             "memory_spaces_enabled = false WHERE member_id = ?",
+                             [unusable, member_id])
+            self._db.execute("UPDATE credentials SET name = '', revoked = true "
+                             "WHERE member_id = ?", [member_id])
+            compaction.mark(self._db)
         self._db = compaction.rewrite(self._db, self._path)
         self._member_tokens.pop(row.token_hash, None)
         self._members[member_id] = replace(row, name="", token_hash=unusable,

@@ -15,6 +15,7 @@ from typing import Any
 
 from memgate.storage import compaction
 from memgate.storage.directory import new_id
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS erasure_requests (
@@ -93,10 +94,9 @@ class ErasureStore:
     def forget_identity(self, row: RequestRow) -> None:
         """Save `row`, whose identity the caller cleared, and rewrite the file so that the
         identity it named is in none of its bytes (`storage.compaction`)."""
-        self._db.execute("BEGIN")
-        self.save(row)
-        compaction.mark(self._db)
-        self._db.execute("COMMIT")
+        with transaction(self._db):
+            self.save(row)
+            compaction.mark(self._db)
         self._db = compaction.rewrite(self._db, self._path)
 
     def get(self, request_id: str) -> RequestRow | None:

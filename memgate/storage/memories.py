@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate.storage import compaction, outbox
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
@@ -490,8 +491,7 @@ class MemoryStore:
         derived from a deleted one (`derived_from`, in its tenant, to the end of the chain;
         legal holds kept); one event per owner; the file marked for compaction."""
         db = self._db
-        db.begin()
-        try:
+        with transaction(db):
             rows = db.execute(f"DELETE FROM memories WHERE {where} "
                               "RETURNING tenant, subject_id, memory_id", params).fetchall()
             sources = rows
@@ -511,10 +511,6 @@ class MemoryStore:
                 outbox.queue(db, event_subject, event(tenant, owner, ids))
             if rows:
                 compaction.mark(db)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         for owner_key, ids in by_owner.items():
             if owner_key in self._counted:
                 self._counted[owner_key] -= len(ids)

@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from memgate.storage import outbox
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -136,15 +137,10 @@ class RegistryStore:
         documents = sorted(d.document_id for d in self.workspace(workspace_id).documents.values()
                            if d.collection_id == collection_id and not d.deleted)
         db = self._db
-        db.begin()
-        try:
+        with transaction(db):
             db.execute("UPDATE collections SET deleted = true WHERE workspace_id = ? "
                        "AND collection_id = ?", [workspace_id, collection_id])
             self._announce(event_subject, event(documents))
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         self._writable(workspace_id).collections[collection_id] = True
         return True
 
@@ -157,8 +153,7 @@ class RegistryStore:
         previous = ws.documents.get(document_id)
         version = 1 if previous is None else previous.version + 1
         db = self._db
-        db.begin()
-        try:
+        with transaction(db):
             db.execute("DELETE FROM documents WHERE workspace_id = ? AND document_id = ?",
                        [workspace_id, document_id])
             db.execute("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, false)",
@@ -169,10 +164,6 @@ class RegistryStore:
                     [workspace_id, document_id, version, pid, sha, json.dumps(entities)]
                     for pid, sha, entities in passages])
             self._announce(event_subject, event)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         ws.documents[document_id] = Document(document_id, collection_id, version, expires_at,
                                              restricted)
         for pid in [p for p, passage in ws.passages.items() if passage.document_id == document_id]:
@@ -188,15 +179,10 @@ class RegistryStore:
         if document is None or document.deleted:
             return False
         db = self._db
-        db.begin()
-        try:
+        with transaction(db):
             db.execute("UPDATE documents SET deleted = true WHERE workspace_id = ? "
                        "AND document_id = ?", [workspace_id, document_id])
             self._announce(event_subject, event)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         ws.documents[document_id] = replace(document, deleted=True)
         return True
 

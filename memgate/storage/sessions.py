@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate.storage import compaction
+from memgate.storage.transaction import transaction
 from memgate.storage.directory import new_id
 
 CLASSIFICATION = "personal"  # a conversation log is personal data about its participants
@@ -204,8 +205,7 @@ class SessionStore:
         """New fields and version + 1; the events' `expires_at` follows the session's."""
         new = replace(row, description=description, strategies=tuple(strategies),
                       version=row.version + 1, updated_at=now, expires_at=expires_at)
-        self._db.execute("BEGIN")
-        try:
+        with transaction(self._db):
             self._db.execute(
                 "UPDATE sessions SET description = ?, strategies = ?, version = ?, "
                 "updated_at = ?, expires_at = ? WHERE session_id = ?",
@@ -213,10 +213,6 @@ class SessionStore:
                  _naive(expires_at), row.session_id])
             self._db.execute("UPDATE events SET expires_at = ? WHERE session_id = ?",
                              [_naive(expires_at), row.session_id])
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self._sessions[row.session_id] = new
         return new
 
@@ -224,17 +220,12 @@ class SessionStore:
              ) -> SessionRow:
         """Gone from every read at once (soft_delete, recorded as run when `run` is given)."""
         runs = dict(row.runs)
-        self._db.execute("BEGIN")
-        try:
+        with transaction(self._db):
             self._db.execute("UPDATE sessions SET hidden_at = ? WHERE session_id = ?",
                              [_naive(now), row.session_id])
             if run is not None:
                 self._record(row.session_id, run[0], run[1], now)
                 runs[run[0]] = Run(run[1], now)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         new = replace(row, hidden_at=now, runs=runs)
         self._sessions[row.session_id] = new
         return new
@@ -253,25 +244,25 @@ class SessionStore:
     def delete(self, row: SessionRow, now: datetime) -> None:
         """The session and its events, from the file (`compact` takes them off the disk); rows
         on legal hold are hidden and kept."""
-        self._db.execute("BEGIN")
-        try:
-            for table in ("events", "lifecycle_runs", "sessions"):
-                hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
-                self._db.execute(f"DELETE FROM {table} WHERE session_id = ?{hold}",
-                                 [row.session_id])
+        with transaction(self._db):
+            self._delete_rows([row.session_id])
             if row.legal_hold:
                 self._db.execute("UPDATE sessions SET hidden_at = ? WHERE session_id = ?",
                                  [_naive(now), row.session_id])
-            compaction.mark(self._db)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self.deletions_pending = True
         if row.legal_hold:
             self._sessions[row.session_id] = replace(row, hidden_at=now, runs={})
         else:
             del self._sessions[row.session_id]
+
+    def _delete_rows(self, session_ids: list[str]) -> None:
+        """Inside a transaction: these sessions, their events and runs (not rows on legal
+        hold), the file marked for the rewrite that takes them off the disk."""
+        for table in ("events", "lifecycle_runs", "sessions"):
+            hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
+            self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id){hold}",
+                             [session_ids])
+        compaction.mark(self._db)
 
     def of_space(self, space_id: str) -> list[SessionRow]:
         return [row for row in self._sessions.values() if row.space_id == space_id]
@@ -292,8 +283,7 @@ class SessionStore:
                        list(row.participants), event.emitter_type, event.emitter_id,
                        event.event_type, event.body, CLASSIFICATION, [], _naive(now),
                        _naive(now), _naive(expires_at), row.legal_hold]
-        self._db.execute("BEGIN")
-        try:
+        with transaction(self._db):
             self._db.execute(f"INSERT INTO events VALUES {placeholders}", values)
             self._db.execute(
                 "UPDATE sessions SET next_seq = ?, last_event_at = ?, expires_at = ? "
@@ -302,10 +292,6 @@ class SessionStore:
             if expires_at != row.expires_at:  # an idle trigger moved it for every event
                 self._db.execute("UPDATE events SET expires_at = ? WHERE session_id = ?",
                                  [_naive(expires_at), row.session_id])
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         new = replace(row, next_seq=first + len(stored), last_event_at=now,
                       expires_at=expires_at)
         self._sessions[row.session_id] = new
@@ -333,16 +319,11 @@ class SessionStore:
 
     def edit(self, session_id: str, event: EventRow, body: str, now: datetime) -> EventRow:
         """The old body leaves the file's bytes with the next `compact` (like a deletion)."""
-        self._db.execute("BEGIN")
-        try:
+        with transaction(self._db):
             self._db.execute("UPDATE events SET body = ?, updated_at = ? WHERE session_id = ? "
                              "AND sequence_id = ?",
                              [body, _naive(now), session_id, event.sequence_id])
             compaction.mark(self._db)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self.deletions_pending = True
         return replace(event, body=body, updated_at=now)
 
@@ -369,17 +350,8 @@ class SessionStore:
         sessions = [record for record in erased if "/" not in record]
         if not sessions:
             return []
-        self._db.execute("BEGIN")
-        try:
-            for table in ("events", "lifecycle_runs", "sessions"):
-                hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
-                self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id)"
-                                 f"{hold}", [sessions])
-            compaction.mark(self._db)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+        with transaction(self._db):
+            self._delete_rows(sessions)
         self.deletions_pending = True
         for session_id in sessions:
             del self._sessions[session_id]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from memgate.storage import compaction
 from memgate.storage.directory import new_id
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spaces (
@@ -78,10 +79,11 @@ class SpaceStore:
                llm_model_name: str | None, llm_base_url: str | None) -> SpaceRow:
         row = SpaceRow(new_id("sp"), workspace_id, description, llm_model_name, llm_base_url,
                        member_id, datetime.now(UTC).replace(tzinfo=None))
-        self._db.execute("BEGIN")
-        self._db.execute("INSERT INTO spaces VALUES (?, ?, ?, ?, ?, ?, ?)", list(astuple(row)))
-        self._db.execute("INSERT INTO shares VALUES (?, ?, 'owner')", [row.space_id, member_id])
-        self._db.execute("COMMIT")
+        with transaction(self._db):
+            self._db.execute("INSERT INTO spaces VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             list(astuple(row)))
+            self._db.execute("INSERT INTO shares VALUES (?, ?, 'owner')",
+                             [row.space_id, member_id])
         self._spaces[row.space_id] = row
         self._shares[row.space_id] = {member_id: "owner"}
         return row
@@ -101,11 +103,10 @@ class SpaceStore:
         return sorted(found, key=lambda pair: pair[0].created_at)
 
     def share(self, space_id: str, member_id: str, role: str) -> None:
-        self._db.execute("BEGIN")
-        self._db.execute("DELETE FROM shares WHERE space_id = ? AND member_id = ?",
-                         [space_id, member_id])
-        self._db.execute("INSERT INTO shares VALUES (?, ?, ?)", [space_id, member_id, role])
-        self._db.execute("COMMIT")
+        with transaction(self._db):
+            self._db.execute("DELETE FROM shares WHERE space_id = ? AND member_id = ?",
+                             [space_id, member_id])
+            self._db.execute("INSERT INTO shares VALUES (?, ?, ?)", [space_id, member_id, role])
         self._shares.setdefault(space_id, {})[member_id] = role
 
     def revoke(self, space_id: str, member_id: str) -> bool:
@@ -116,11 +117,10 @@ class SpaceStore:
 
     def delete(self, space_id: str) -> None:
         """The space, its shares and its entity map (the ids of its end users)."""
-        self._db.execute("BEGIN")
-        for table in ("spaces", "shares", "entities"):
-            self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
-        compaction.mark(self._db)
-        self._db.execute("COMMIT")
+        with transaction(self._db):
+            for table in ("spaces", "shares", "entities"):
+                self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
+            compaction.mark(self._db)
         self._db = compaction.rewrite(self._db, self._path)  # its end users' ids leave the file
         self._spaces.pop(space_id, None)
         self._shares.pop(space_id, None)
@@ -149,11 +149,11 @@ class SpaceStore:
 
     def forget_entities(self, entities: list[EntityRow]) -> None:
         """Delete these entities: their namespaces no longer lead to anyone."""
-        self._db.execute("BEGIN")
+        with transaction(self._db):
+            for entity in entities:
+                self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
+                                 [entity.space_id, entity.namespace])
+            compaction.mark(self._db)
         for entity in entities:
-            self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
-                             [entity.space_id, entity.namespace])
             self._entities.get(entity.space_id, {}).pop(entity.ids, None)
-        compaction.mark(self._db)
-        self._db.execute("COMMIT")
         self._db = compaction.rewrite(self._db, self._path)  # the ids leave every byte

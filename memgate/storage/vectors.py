@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from memgate.storage import compaction
+from memgate.storage.transaction import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vectors (
@@ -68,16 +69,11 @@ class VectorStore:
     def delete(self, ids: list[str]) -> int:
         """How many of these there were."""
         db = self._db
-        db.begin()
-        try:
+        with transaction(db):
             deleted = len(db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id) "
                                      "RETURNING memory_id", [ids]).fetchall())
             if deleted:
                 compaction.mark(db)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
         if deleted:
             self.deletions_pending = True
         return deleted
