@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import Member, Memgate
+from tests.test_erased_bytes import canary, hits, needles
 from tests.test_up import cli
 
 ALL = ["CAN_VIEW", "CAN_UPDATE", "CAN_DELETE", "CAN_SHARE"]
@@ -119,10 +120,16 @@ async def test_a_deleted_space_is_gone_for_everyone(memgate: Memgate) -> None:
     owner = await memgate.workspace()
     await enable(memgate, owner, owner)
     space = await space_of(memgate, owner)
+    user, secret = canary(), canary()  # an end user's id and what they said
+    added = await call(memgate, "POST", f"/memory/{space['id']}/v3/memories/add/", owner.token,
+                       {"messages": [{"role": "user", "content": f"my word is {secret}"}],
+                        "user_id": user}, scheme="Token")
+    assert added.status_code == 200, added.text
     await memgate.ok("DELETE", f"/memory/spaces/{space['id']}", owner.token)
     gone = await call(memgate, "GET", f"/memory/spaces/{space['id']}", owner.token)
     assert gone.status_code == 404
     assert (await memgate.ok("GET", "/memory/spaces", owner.token))["spaces"] == []
+    assert hits(memgate.settings.data_dir, needles(user) + needles(secret)) == []  # off the disk
 
 
 async def test_the_mem0_token_scheme_is_accepted_like_bearer(memgate: Memgate) -> None:
