@@ -73,6 +73,7 @@ class FakeRequester:
     def __init__(self, routes: dict[str, Route] | None = None) -> None:
         self.routes: dict[str, Route] = dict(routes or {})
         self.asked: list[tuple[str, bytes]] = []
+        self.announced: list[str] = []
 
     async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
                       *, timeout: float | None = None) -> T:
@@ -82,6 +83,9 @@ class FakeRequester:
         if route is None:
             raise UnavailableError("no actor answers on this subject", {"subject": subject})
         return result_type.model_validate(await route(data))
+
+    async def announce(self, subject: str) -> None:
+        self.announced.append(subject)
 
 
 @dataclass
@@ -161,6 +165,9 @@ class FakeDirectory:
         if principal is None:
             raise UnauthenticatedError("unknown or revoked credential")
         return principal
+
+    def changed(self) -> None:
+        return None
 
 
 @dataclass

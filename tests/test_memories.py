@@ -219,6 +219,31 @@ async def test_missing_or_unknown_or_revoked_credential_is_unauthenticated(
         assert response.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
+async def test_a_credential_used_then_revoked_or_turned_off_is_refused_at_its_next_use(
+    memgate: Memgate, transport: str
+) -> None:
+    """Governance keeps the principals it resolved; a change in the directory reaches it
+    before the change is answered (SPEC §2.1: revocation is immediate)."""
+    owner = await memgate.workspace()
+    created = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/credentials", owner.token,
+                               {"name": "x", "scopes": ["memory:read", "memory:write"]})
+    agent = await memgate.agent(transport, created["token"])
+    other = await memgate.agent(transport, await memgate.credential(owner))
+    await agent.remember("n", "used once")
+    await other.remember("n", "used once too")
+    await memgate.ok("DELETE",
+                     f"/api/w/{owner.workspace_id}/credentials/{created['credentialId']}",
+                     owner.token)
+    with pytest.raises(UnauthenticatedError):
+        await agent.list()
+    await memgate.ok("PUT", f"/api/w/{owner.workspace_id}/ask-history/settings", owner.token,
+                     {"agentMemoriesEnabled": False})
+    with pytest.raises(AgentMemoryDisabledError):
+        await other.remember("n", "after the owner turned agent memories off")
+    await agent.close()
+    await other.close()
+
+
 async def test_missing_scope_is_insufficient_scope(memgate: Memgate, transport: str) -> None:
     owner = await memgate.workspace()
     reader = await memgate.agent(transport, await memgate.credential(owner, ("memory:read",)))

@@ -12,11 +12,12 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.ports.bus import Requester
+from memgate.ports.bus import Announcer, Requester
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.bus.server import new_agent_seed
 from memgate.contracts import (
@@ -55,10 +56,14 @@ def check_grantable(role: Role, scopes: list[Scope]) -> None:
                 {"scope": scope.value, "role": role.value})
 
 
+class DirectoryBus(Requester, Announcer, Protocol):
+    """What the directory needs of the bus: asking other actors, announcing its changes."""
+
+
 class DirectoryActor:
     name = "directory"
 
-    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: Requester,
+    def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: DirectoryBus,
                  partitions: int = 1, nats_authority: bool = False) -> None:
         """`nats_authority`: memgate runs the NATS server, and a NATS login counts as issued or
         revoked only once the nats-authority has applied it."""
@@ -186,7 +191,13 @@ class DirectoryActor:
                 self.store.forget_member(member.member_id)
 
         await self._serial(forget)
+        await self._changed()
         return Done()
+
+    async def _changed(self) -> None:
+        """A credential, member or workspace changed: governance forgets the principals it
+        holds, before the change is answered (`PrincipalCache`)."""
+        await self._bus.announce(subjects.PRINCIPALS_CHANGED)
 
     # --- who is calling an admin command ---
 
@@ -267,7 +278,9 @@ class DirectoryActor:
             return MemberView(member_id=row.member_id, name=row.name, role=Role(row.role),
                               memory_spaces_enabled=row.memory_spaces_enabled)
 
-        return await self._serial(patch)
+        view = await self._serial(patch)
+        await self._changed()
+        return view
 
     async def create_credential(self, envelope: Envelope) -> CredentialCreated:
         await self._serial(self._member, envelope)  # authenticate before revealing a context set
@@ -301,7 +314,9 @@ class DirectoryActor:
             self.store.revoke(credential.credential_id)
             return Done()
 
-        return await self._serial(revoke)
+        done = await self._serial(revoke)
+        await self._changed()
+        return done
 
     async def get_settings(self, envelope: Envelope) -> WorkspaceSettings:
         def get() -> WorkspaceSettings:
@@ -326,6 +341,7 @@ class DirectoryActor:
             return _settings(workspace)
 
         settings = await self._serial(put)
+        await self._changed()
         if body.retention_days is not None:
             self._sweep_soon()
         return settings

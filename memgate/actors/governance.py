@@ -23,7 +23,7 @@ from memgate.policy.authorisation import authorise, refuse_personal_data
 from memgate.policy.citations import apply, cited
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
-from memgate.ports.directory import BusDirectory, Directory
+from memgate.ports.directory import BusDirectory, Directory, PrincipalCache
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
 from memgate.runtime.actor import ready_route
@@ -49,8 +49,9 @@ class GovernanceActor:
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int) -> GovernanceActor:
-        """Governance whose collaborators are the other actors, reached over `bus`."""
-        return cls(directory=BusDirectory(bus), registry=BusRegistry(bus),
+        """Governance whose collaborators are the other actors, reached over `bus`; the
+        principals it resolves are kept until the directory announces a change."""
+        return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
                    storage=BusStorage(bus, partitions=partitions), recall=bus)
 
     async def start(self) -> None:
@@ -67,8 +68,13 @@ class GovernanceActor:
         }
         for subject, handler in handlers.items():
             router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
+        # every governance process hears it (no queue group)
+        router.subscriber(subjects.PRINCIPALS_CHANGED)(self.directory_changed)
         ready_route(router, subjects.ready(self.name), self.name)
         return router
+
+    async def directory_changed(self, payload: bytes) -> None:
+        self._directory.changed()
 
     async def _principal(self, envelope: Envelope, scope: Scope) -> Principal:
         if not envelope.token:

@@ -79,6 +79,12 @@ class BusClient:
         """Announce a fact (ids only) on a subject; events subjects are kept by JetStream."""
         await self._nc.publish(subject, json.dumps(fact).encode())
 
+    async def announce(self, subject: str) -> None:
+        """Publish an empty message and wait until the server has it (a PING round trip): what
+        the caller answers afterwards reaches every listener after the announcement."""
+        await self._nc.publish(subject, b"{}")
+        await self._nc.flush()
+
     def consumer(self, subject: str, durable: str, handler: BatchHandler,
                  *, batch_size: int = 64) -> DurableConsumer:
         """A durable pull consumer of the events stream on this connection (see `bus.streams`)."""

@@ -58,9 +58,10 @@ ROLES: Final[dict[str, Role]] = {
                  subjects.registry("check_remember"), subjects.registry("verify"),
                  *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
                  subjects.recall_internal(), SERVICE_REPLIES),
-        subscribe=(*PUBLIC_COMMANDS, _ready("governance"))),
+        subscribe=(*PUBLIC_COMMANDS, subjects.PRINCIPALS_CHANGED, _ready("governance"))),
     "directory": Role(
-        publish=(subjects.NATS_RELOAD, subjects.registry("scope"), subjects.REAPER_SWEEP,
+        publish=(subjects.NATS_RELOAD, subjects.PRINCIPALS_CHANGED, subjects.registry("scope"),
+                 subjects.REAPER_SWEEP,
                  *(subjects.store(ANY, op) for op in ("list", "purge"))),
         subscribe=("mem.int.dir.>", _ready("directory"), subjects.dump("directory", ">"),
                    *(subjects.admin(f"{group}.>") for group in (

@@ -23,6 +23,8 @@ DIRECTORY_OWNER_CHECK: Final = "mem.int.dir.owner_check"
 DIRECTORY_MEMBER: Final = "mem.int.dir.member"  # a member token → MemberPrincipal
 DIRECTORY_FORGET_MEMBER: Final = "mem.int.dir.forget_member"  # an erasure's last step
 DIRECTORY_RETENTION: Final = "mem.int.dir.retention"  # every workspace's retentionDays
+# The directory changed a credential, member or workspace: governance forgets its principals.
+PRINCIPALS_CHANGED: Final = "mem.int.principals.changed"
 REAPER_SWEEP: Final = "mem.int.reaper.sweep"  # purge what retention allows no longer, now
 
 EVENTS_STREAM: Final = "MEM_EVT"

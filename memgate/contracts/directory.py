@@ -43,7 +43,8 @@ class SettingsUpdate(Contract):
 
 
 class Principal(Contract):
-    """Who an agent credential speaks for, resolved afresh at every use."""
+    """Who an agent credential speaks for (governance keeps it until the directory announces
+    a change: `ports.directory.PrincipalCache`)."""
 
     workspace_id: str
     member_id: str

@@ -23,6 +23,14 @@ class Requester(Protocol):
                       *, timeout: float | None = None) -> T: ...
 
 
+class Announcer(Protocol):
+    """Tell every listener of a subject that something changed (no payload, no reply); the
+    server has the announcement before `announce` returns, so it reaches them ahead of
+    anything sent after."""
+
+    async def announce(self, subject: str) -> None: ...
+
+
 class Consumer(Protocol):
     """A running durable consumer: feeds its handler batches between `start` and `stop`."""
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from memgate.bus import subjects
@@ -15,9 +18,13 @@ class Directory(Protocol):
         """Who holds this credential, as of now (role, scopes and settings re-read)."""
         ...
 
+    def changed(self) -> None:
+        """The directory announced a change: nothing resolved before it may be used again."""
+        ...
+
 
 class BusDirectory:
-    """`Directory` over the bus (`mem.int.dir.principal`)."""
+    """`Directory` over the bus (`mem.int.dir.principal`): every call asks."""
 
     def __init__(self, bus: Requester) -> None:
         self._bus = bus
@@ -25,3 +32,47 @@ class BusDirectory:
     async def principal(self, token_hash: str) -> Principal:
         return await self._bus.request(subjects.DIRECTORY_PRINCIPAL,
                                        PrincipalRequest(token_hash=token_hash), Principal)
+
+    def changed(self) -> None:
+        return None
+
+
+class PrincipalCache:
+    """A `Directory` that keeps the principals it resolved, so a command costs no directory
+    round trip, until the directory announces a change (`mem.int.principals.changed`).
+
+    The directory announces every change of a credential, member or workspace before it
+    answers the change, and the server delivers the announcement to governance ahead of any
+    command sent after that answer: a revoked credential or a demoted member is refused at its
+    next use (SPEC §2.1). An answer that was on its way while a change was announced is not
+    kept (the generation moved). Failures are never kept. `ttl_s` bounds how long an entry
+    lives if an announcement was lost (a reconnect); `size` bounds memory (least recent out).
+    """
+
+    def __init__(self, directory: Directory, *, ttl_s: float = 30.0, size: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._directory = directory
+        self._ttl = ttl_s
+        self._size = size
+        self._clock = clock
+        self._held: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._generation = 0
+
+    async def principal(self, token_hash: str) -> Principal:
+        held = self._held.get(token_hash)
+        if held is not None and self._clock() < held[1]:
+            self._held.move_to_end(token_hash)
+            return held[0]
+        generation = self._generation
+        principal = await self._directory.principal(token_hash)
+        if generation == self._generation:
+            self._held[token_hash] = (principal, self._clock() + self._ttl)
+            self._held.move_to_end(token_hash)
+            while len(self._held) > self._size:
+                self._held.popitem(last=False)
+        return principal
+
+    def changed(self) -> None:
+        self._generation += 1
+        self._held.clear()
+        self._directory.changed()
