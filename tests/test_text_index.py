@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memgate.storage.text_index import OwnerIndex, split_text
+import pytest
+
+import tantivy
+
+from memgate.storage import text_index
+from memgate.storage.text_index import OwnerIndex, TextIndexes, split_text
 
 MEMORIES = [
     ("deploy", "The user deploys to production on Fridays"),
@@ -53,3 +58,52 @@ def test_a_rebuild_drops_terms_and_the_old_generation(tmp_path: Path) -> None:
     assert owner.terms_with_prefix("text", "postgr") == []
     assert [p.name for p in (tmp_path / "owner").iterdir()] == ["gen-1"]
     assert OwnerIndex(tmp_path / "owner").ids == set(IDS[:3])
+
+
+def committed_ids(root: Path) -> set[str]:
+    """The ids another reader of the directory sees (what has been committed)."""
+    generation = max(root.glob("gen-*"), key=lambda p: int(p.name[4:]))
+    searcher = tantivy.Index.open(str(generation)).searcher()
+    hits = searcher.search(tantivy.Query.all_query(), limit=100).hits
+    return {searcher.doc(address)["memory_id"][0] for _, address in hits}
+
+
+def test_added_documents_are_committed_when_due_and_searches_see_them_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("memgate.storage.text_index.time.monotonic", lambda: clock[0])
+    indexes = TextIndexes(tmp_path)
+    owner = indexes.owner("ws", "member")
+    owner.add(MEMORIES[:1])
+    assert indexes.commit_due() is None  # none for a second: committed at once
+    assert committed_ids(tmp_path / "ws__member") == {"deploy"}
+    owner.add(MEMORIES[1:2])
+    assert indexes.commit_due() == text_index.COMMIT_EVERY_S  # a commit a second at most
+    assert committed_ids(tmp_path / "ws__member") == {"deploy"}
+    assert owner.rank("release notes", IDS) == ["release"]  # a search commits first
+    assert committed_ids(tmp_path / "ws__member") == {"deploy", "release"}
+    owner.add(MEMORIES[2:3])
+    clock[0] += text_index.COMMIT_EVERY_S
+    assert indexes.commit_due() is None
+    assert committed_ids(tmp_path / "ws__member") == set(IDS[:3])
+
+
+def test_closing_commits_and_frees_the_directory_for_another_writer(tmp_path: Path) -> None:
+    indexes = TextIndexes(tmp_path)
+    indexes.owner("ws", "member").add(MEMORIES[:2])
+    indexes.close()
+    again = OwnerIndex(tmp_path / "ws__member")  # its writer would fail while one is open
+    again.add(MEMORIES[2:])
+    assert again.rank("定例会議", IDS) == ["meeting"]
+    assert again.ids == set(IDS)
+
+
+def test_only_the_most_recent_owners_keep_a_writer(tmp_path: Path) -> None:
+    indexes = TextIndexes(tmp_path)
+    owners = [indexes.owner("ws", f"m{i}") for i in range(text_index.WRITERS_KEPT + 2)]
+    for owner in owners:
+        indexes.owner("ws", owner.root.name.split("__")[1]).add(MEMORIES[:1])
+    indexes.owner("ws", "m0")  # the least recent writers close as others are used
+    assert [o.writing for o in owners] == [False, False] + [True] * text_index.WRITERS_KEPT
+    assert committed_ids(owners[0].root) == committed_ids(owners[1].root) == {"deploy"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,12 @@ from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
 CATALOGS_KEPT = 256  # owners whose catalogs (and vector matrices) stay in memory
+# One ONNX thread: documents are embedded in the background, where CPU counts more than latency
+# (measured: 8.5 -> 7.3 ms CPU for a text alone, 5.5 -> 4.9 per text in batches of 8).
+MODEL_THREADS = 1
+# Events handled at most per batch: when the consumer lags, each batch costs a few round trips to
+# storage per owner and one model call, so bigger batches catch up faster (well within ack_wait).
+EVENT_BATCH = 128
 
 
 class EmbedderActor:
@@ -55,10 +62,11 @@ class EmbedderActor:
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
-                                    self.on_events, batch_size=batch)
+                                    self.on_events, batch_size=EVENT_BATCH)
 
     async def start(self) -> None:
-        self._embedder = await self._model_thread(OnnxEmbedder, self._model, self._tokenizer)
+        self._embedder = await self._model_thread(partial(
+            OnnxEmbedder, self._model, self._tokenizer, threads=MODEL_THREADS))
         await self._model_thread(self._embedder.embed, ["warm up"])  # first run allocates
         self._vectors = await self._store_thread(VectorStore, self._path)
         self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
@@ -116,34 +124,36 @@ class EmbedderActor:
 
     async def embed_missing(self, catalogs: dict[Owner, Catalog]) -> None:
         """Embed these owners' versions that have no vector yet (texts fetched from storage),
-        all in one model call: under load a batch of events spans many owners, and a call per
-        owner would embed a text or two at a time."""
-        fetched: list[tuple[Owner, Catalog, list[str]]] = []
-        texts: list[str] = []
-        for owner, catalog in catalogs.items():
-            missing = catalog.unembedded()
-            if not missing:
-                continue
-            reply = await self._bus.request(subjects.store(self.partition, "texts"),
-                                            TextsRequest(owner=owner, memory_ids=missing), Texts)
-            if reply.items:
-                fetched.append((owner, catalog, [item.memory_id for item in reply.items]))
-                texts += [item.text for item in reply.items]
-        if not texts:
+        all in one model call and one transaction: under load a batch of events spans many
+        owners, and a call per owner would embed a text or two at a time."""
+        wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
+                  if (missing := catalog.unembedded())}
+        replies = await asyncio.gather(*(
+            self._bus.request(subjects.store(self.partition, "texts"),
+                              TextsRequest(owner=owner, memory_ids=missing), Texts)
+            for owner, (_, missing) in wanted.items()))
+        fetched = [(owner, catalog, reply.items)
+                   for (owner, (catalog, _)), reply in zip(wanted.items(), replies, strict=True)
+                   if reply.items]
+        if not fetched:
             return
         assert self._embedder is not None, "start() first"
-        matrix = await self._model_thread(self._embedder.embed, texts)
+        matrix = await self._model_thread(self._embedder.embed,
+                                          [item.text for _, _, items in fetched for item in items])
+        ids = [item.memory_id for _, _, items in fetched for item in items]
+        owners = [(owner.tenant, owner.subject_id) for owner, _, items in fetched for _ in items]
+        await self._store_thread(self.vectors.put, ids, owners, matrix)
         start = 0
-        for owner, catalog, ids in fetched:
-            rows = matrix[start:start + len(ids)]
-            start += len(ids)
-            await self._store_thread(self.vectors.put, owner.tenant, owner.subject_id, ids, rows)
-            catalog.set_vectors(ids, rows)
+        for _, catalog, items in fetched:
+            catalog.set_vectors([item.memory_id for item in items],
+                                matrix[start:start + len(items)])
+            start += len(items)
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work
-        await self.embed_missing({owner: await self.catch_up(owner, seq)
-                                  for owner, seq in stored.items()})
+        caught_up = await asyncio.gather(*(self.catch_up(owner, seq)
+                                           for owner, seq in stored.items()))
+        await self.embed_missing(dict(zip(stored, caught_up, strict=True)))
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
         await self.compacted()  # acked (and so done) once the vectors left the file

@@ -12,11 +12,15 @@ Read-your-writes: a rank request names the owner's newest seq (`min_seq`, from s
 indexer that has applied less catches up first (the versions' metadata, then the texts it lacks),
 so a memory is recallable by its words as soon as remember has returned, however far the event
 consumer lags.
+
+Events are acked once their documents are added, before the index commits them (`text_index`:
+commits are deferred, and searches commit first); a restart indexes whatever a crash lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, defaultdict
 from functools import partial
 from pathlib import Path
@@ -32,13 +36,18 @@ from memgate.contracts.internal import (
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.catalog import Catalog
-from memgate.storage.text_index import OwnerIndex, TextIndexes
+from memgate.storage.text_index import COMMIT_EVERY_S, OwnerIndex, TextIndexes
 
 # Up to this many of an owner's versions that a recall may not see (superseded, other
 # namespaces) are skipped after searching the whole index; more, and the search is restricted
 # to the allowed ids instead (a term-set filter costs ~1.5 ms per 1,000 ids).
 SKIP_AT_MOST = 200
 CATALOGS_KEPT = 256  # owners whose catalogs stay in memory (as the open indexes)
+# Events handled at most per batch: when the consumer lags, each batch costs two round trips to
+# storage per owner, so bigger batches catch up faster.
+EVENT_BATCH = 256
+
+log = logging.getLogger("memgate.indexer")
 
 
 class IndexerActor:
@@ -51,8 +60,10 @@ class IndexerActor:
         self._indexes: TextIndexes | None = None
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._added = asyncio.Event()  # documents were added: commits may be due
+        self._committer: asyncio.Task[None] | None = None
         self._events = bus.consumer(subjects.memory_events(partition), f"indexer-{partition}",
-                                    self.on_events)
+                                    self.on_events, batch_size=EVENT_BATCH)
 
     @property
     def indexes(self) -> TextIndexes:
@@ -61,11 +72,31 @@ class IndexerActor:
 
     async def start(self) -> None:
         self._indexes = TextIndexes(self._root)
+        self._committer = asyncio.create_task(self._commit(), name=f"{self.name}.commit")
         await self._events.start()
 
     async def stop(self) -> None:
         await self._events.stop()
+        if self._committer is not None:
+            self._committer.cancel()
+            await asyncio.gather(self._committer, return_exceptions=True)
+        if self._indexes is not None:
+            await self._serial(self._indexes.close)
         self._serial.shutdown()
+
+    async def _commit(self) -> None:
+        """Commit the added documents as they fall due (`text_index.COMMIT_EVERY_S`)."""
+        while True:
+            await self._added.wait()
+            self._added.clear()
+            try:
+                wait = await self._serial(self.indexes.commit_due)
+            except Exception as exc:  # searches still commit first; try again later
+                log.warning("%s: commit failed (%s)", self.name, type(exc).__name__)
+                wait = COMMIT_EVERY_S
+            if wait is not None:
+                await asyncio.sleep(wait)
+                self._added.set()
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
@@ -78,6 +109,11 @@ class IndexerActor:
         texts = await self._bus.request(subjects.store(self.partition, "texts"),
                                         TextsRequest(owner=owner, memory_ids=ids), Texts)
         return [(item.memory_id, item.text) for item in texts.items]
+
+    def _add(self, owner: Owner, items: list[tuple[str, str]]) -> None:
+        """On the serial thread: the owner's index as open now (an earlier lookup may have been
+        closed since, and only the open one may write)."""
+        self.indexes.owner(owner.tenant, owner.subject_id).add(items)
 
     async def _index(self, owner: Owner) -> OwnerIndex:
         return await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
@@ -100,7 +136,8 @@ class IndexerActor:
             index = await self._index(owner)
             missing = [i for i in rows.memory_ids if i not in index.ids]
             if missing:
-                await self._serial(index.add, await self._texts(owner, missing))
+                await self._serial(self._add, owner, await self._texts(owner, missing))
+                self._added.set()
             catalog.apply(rows)
             catalog.loaded = True
             self._catalogs.move_to_end(owner)
@@ -129,8 +166,7 @@ class IndexerActor:
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work
-        for owner, seq in stored.items():
-            await self.catch_up(owner, seq)
+        await asyncio.gather(*(self.catch_up(owner, seq) for owner, seq in stored.items()))
         for owner, ids in deleted.items():
             await self.remove(owner, ids)
 

@@ -55,23 +55,25 @@ class VectorStore:
         return ([r[0] for r in rows],
                 np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]))
 
-    def put(self, tenant: str, subject_id: str, ids: list[str], matrix: np.ndarray) -> None:
-        """Store vectors; an id that already has one keeps it (a redelivered event)."""
-        if not ids:
+    def put(self, memory_ids: list[str], owners: list[tuple[str, str]],
+            matrix: np.ndarray) -> None:
+        """Store vectors (row i is `memory_ids[i]`'s, owned by `owners[i]`, a (tenant, subject)
+        pair), in one transaction. The caller stores only the vectors it lacks (the embedder's
+        catalog knows which the file holds): no id is looked up first (a scan of the column)."""
+        if not memory_ids:
             return
-        have = {r[0] for r in self._db.execute(
-            "SELECT memory_id FROM vectors WHERE memory_id = ANY(?)", [ids]).fetchall()}
-        fresh = [(i, tenant, subject_id, v.tobytes()) for i, v in zip(ids, matrix, strict=True)
-                 if i not in have]
-        if fresh:
-            self._db.executemany("INSERT INTO vectors VALUES (?, ?, ?, ?)", fresh)
+        tenants, subject_ids = zip(*owners, strict=True)
+        self._db.execute("INSERT INTO vectors SELECT unnest(?), unnest(?), unnest(?), unnest(?)",
+                         [memory_ids, list(tenants), list(subject_ids),
+                          [vector.tobytes() for vector in matrix]])
 
     def delete(self, ids: list[str]) -> int:
         """How many of these there were."""
         db = self._db
         with transaction(db):
-            deleted = len(db.execute("DELETE FROM vectors WHERE list_contains(?, memory_id) "
-                                     "RETURNING memory_id", [ids]).fetchall())
+            deleted = len({row[0] for row in db.execute(
+                "DELETE FROM vectors WHERE list_contains(?, memory_id) RETURNING memory_id",
+                [ids]).fetchall()})
             if deleted:
                 compaction.mark(db)
         if deleted:
