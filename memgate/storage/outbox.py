@@ -7,6 +7,9 @@ number is the event's `Nats-Msg-Id`, and JetStream drops an id it has seen as a 
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import islice
+
 import duckdb
 
 SCHEMA = """
@@ -21,6 +24,12 @@ CREATE TABLE IF NOT EXISTS sequence (  -- one row: the highest number ever hande
 """
 
 Pending = list[tuple[int, str, bytes]]  # (seq, subject, payload), oldest first
+
+# Sent rows are deleted this many at a time: a kill -9 only makes the next start publish them
+# again, which JetStream drops as duplicates (same ids) or consumers apply idempotently.
+DELETE_EVERY = 256
+# Unsent events mirrored in memory at most (JetStream down for long: read from the table).
+MIRRORED = 10_000
 
 
 def create(db: duckdb.DuckDBPyConnection, *, floor: int = 0) -> None:
@@ -59,3 +68,54 @@ def pending(db: duckdb.DuckDBPyConnection, limit: int = 500) -> Pending:
 
 def sent(db: duckdb.DuckDBPyConnection, up_to_seq: int) -> None:
     db.execute("DELETE FROM outbox WHERE seq <= ?", [up_to_seq])
+
+
+class Unsent:
+    """An outbox whose file has a single writer, mirrored by it: the relay reads what was
+    committed and not yet sent without a query, and the rows it sent are deleted in batches.
+
+    Until the table has been read once (at open), or after more than `MIRRORED` events piled
+    up, the unsent events are read from the table (those above the highest seq sent).
+    """
+
+    def __init__(self) -> None:
+        self._events: deque[tuple[int, str, bytes]] = deque()
+        self._mirrored = False  # whether `_events` is every unsent event
+        self._sent = 0  # the highest seq published
+        self._undeleted = 0  # sent events whose rows are still in the table
+
+    def committed(self, events: list[tuple[int, str, bytes]]) -> None:
+        """Events queued by a transaction that has committed (in seq order)."""
+        if not self._mirrored:
+            return
+        self._events.extend(events)
+        if len(self._events) > MIRRORED:
+            self._events.clear()
+            self._mirrored = False
+
+    def pending(self, db: duckdb.DuckDBPyConnection, limit: int = 500) -> Pending:
+        """The oldest unsent events."""
+        if self._mirrored:
+            return list(islice(self._events, limit))
+        rows = [(int(r[0]), str(r[1]), bytes(r[2])) for r in db.execute(
+            "SELECT seq, subject, payload FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+            [self._sent, limit]).fetchall()]
+        if len(rows) < limit:  # every unsent one: mirror them from here on
+            self._events = deque(rows)
+            self._mirrored = True
+        return rows
+
+    def sent(self, db: duckdb.DuckDBPyConnection, up_to_seq: int) -> None:
+        """Events up to `up_to_seq` are published: their rows deleted with the next batch."""
+        while self._events and self._events[0][0] <= up_to_seq:
+            self._events.popleft()
+        self._undeleted += max(0, up_to_seq - self._sent)  # each seq is one event's
+        self._sent = max(self._sent, up_to_seq)
+        if self._undeleted >= DELETE_EVERY:
+            self.flush(db)
+
+    def flush(self, db: duckdb.DuckDBPyConnection) -> None:
+        """Delete the rows of every event sent (at a graceful stop too)."""
+        if self._undeleted:
+            sent(db, self._sent)
+            self._undeleted = 0
