@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from memgate.contracts.errors import InternalError
-from memgate.storage.memories import MemoryStore, Remember
+from memgate.storage import MemoryStore, Remember
 from tests.conftest import Memgate
 
 SECRET = "zebracorn-7f3a-the-vault-code-is-4711"

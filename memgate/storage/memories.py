@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -14,6 +13,10 @@ from typing import Any
 import duckdb
 
 from memgate.storage import compaction, outbox
+from memgate.storage.memory_rows import (
+    Filters, LimitReachedError, Limits, Remember, Row, Stored, allows, aware, key_of, naive,
+    row_of,
+)
 from memgate.storage.recent import Recent, Version
 from memgate.storage.transaction import transaction
 
@@ -46,68 +49,7 @@ _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, su
             "citations")
 
 
-@dataclass(frozen=True)
-class Row:
-    memory_id: str
-    seq: int
-    namespace: str
-    key: str | None
-    collection_id: str | None
-    text: str
-    created_at: datetime
-    superseded_at: datetime | None
-    citations: str  # JSON
-
-
-@dataclass(frozen=True)
-class Stored:
-    memory_id: str
-    seq: int
-    created_at: datetime
-    superseded: int
-
-
-@dataclass(frozen=True)
-class Limits:
-    remembers_per_hour: int = 120  # per credential
-    versions_per_member: int = 5000  # per member and workspace, every version counted
-
-
-class LimitReachedError(Exception):
-    """A remember refused by a limit; `retry_after` seconds for the rate limit, else None."""
-
-    def __init__(self, limit: str, retry_after: int | None = None) -> None:
-        super().__init__(limit)
-        self.limit = limit
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class Filters:
-    tenant: str
-    subject_id: str
-    namespace: str | None = None
-    key: str | None = None
-    collection_id: str | None = None
-    collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
-    namespaces: tuple[str, ...] | None = None  # any of these (a mem0 filter's entities)
-
-
-@dataclass(frozen=True)
-class Remember:
-    """One remember of a group: the version to store and its event (built from its seq)."""
-
-    filters: Filters
-    memory_id: str
-    credential_id: str
-    text: str
-    retention_days: int
-    event_subject: str
-    event: Callable[[int], bytes]
-    citations: tuple[dict[str, Any], ...] = ()
-    derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
-
-
+_DEFAULT_LIMITS = Limits()
 _Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, subject), instant
 
 
@@ -146,56 +88,6 @@ def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
                    [value for r in rows for value in r])
     else:
         db.execute(f"{into} {unnested}", [list(column) for column in zip(*rows, strict=True)])
-
-
-def _key_of(filters: Filters) -> tuple[str, str, str, str] | None:
-    if filters.key is None:
-        return None
-    return filters.tenant, filters.subject_id, filters.namespace or "", filters.key
-
-
-def _naive(instant: datetime) -> datetime:
-    return instant.astimezone(UTC).replace(tzinfo=None)
-
-
-def _aware(instant: datetime | None) -> datetime | None:
-    return None if instant is None else instant.replace(tzinfo=UTC)
-
-
-def _row(version: Version) -> Row:
-    return Row(version.memory_id, version.seq, version.namespace, version.key,
-               version.collection_id, version.text, version.created_at.replace(tzinfo=UTC),
-               _aware(version.superseded_at), version.citations)
-
-
-def _allows(filters: Filters, instant: datetime, version: Version) -> bool:
-    """`MemoryStore._where` for a version of the filters' owner that is not on hold."""
-    return (version.created_at <= instant
-            and (version.superseded_at is None or version.superseded_at > instant)
-            and filters.namespace in (None, version.namespace)
-            and filters.key in (None, version.key)
-            and filters.collection_id in (None, version.collection_id)
-            and (filters.collection_ids is None
-                 or (version.collection_id is not None
-                     and version.collection_id in filters.collection_ids))
-            and (filters.namespaces is None or version.namespace in filters.namespaces))
-
-
-def encode_cursor(seq: int, snapshot: datetime) -> str:
-    raw = json.dumps({"s": seq, "t": _naive(snapshot).isoformat()}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[int, datetime]:
-    """Raises ValueError on anything that is not a cursor this store issued."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        seq, snapshot = data["s"], datetime.fromisoformat(data["t"]).replace(tzinfo=UTC)
-    except (KeyError, TypeError, ValueError) as exc:  # JSON, base64, Unicode and date errors
-        raise ValueError("not a cursor") from exc
-    if type(seq) is not int or not 0 <= seq < 2**63:  # a BIGINT: no float, bool or 10**40
-        raise ValueError("not a cursor")
-    return seq, snapshot
 
 
 class MemoryStore:
@@ -255,7 +147,7 @@ class MemoryStore:
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
                  retention_days: int, event_subject: str, event: Callable[[int], bytes],
-                 limits: Limits = Limits(),
+                 limits: Limits = _DEFAULT_LIMITS,
                  citations: Sequence[dict[str, Any]] = ()) -> Stored:
         """One remember alone (`remember_group` of one); a refusal raises `LimitReachedError`."""
         [outcome] = self.remember_group([Remember(
@@ -267,7 +159,7 @@ class MemoryStore:
         return outcome
 
     def remember_group(self, items: Sequence[Remember],
-                       limits: Limits = Limits()) -> list[Stored | Exception]:
+                       limits: Limits = _DEFAULT_LIMITS) -> list[Stored | Exception]:
         """Remember a group in one transaction (group commit), each as if alone and in order:
         the limits count the earlier ones of the group, a later version of a key supersedes an
         earlier one, each event is queued with its version. One outcome per item: what it
@@ -367,7 +259,7 @@ class MemoryStore:
         superseding = [0] * len(accepted)
         newest: dict[tuple[str, str, str, str], int] = {}  # key → its latest accepted item
         for position, (_, item, created) in enumerate(accepted):
-            if (key := _key_of(item.filters)) is not None:
+            if (key := key_of(item.filters)) is not None:
                 if (earlier := newest.get(key)) is not None:
                     superseded_at[earlier] = created
                     superseding[position] = 1
@@ -404,7 +296,7 @@ class MemoryStore:
         has the key (adds to `superseding`, by position in `accepted`); their (id, instant)."""
         firsts: dict[tuple[str, str, str, str], int] = {}
         for position, (_, item, _) in enumerate(accepted):
-            if (key := _key_of(item.filters)) is not None:
+            if (key := key_of(item.filters)) is not None:
                 firsts.setdefault(key, position)
         if not firsts:
             return []
@@ -426,7 +318,7 @@ class MemoryStore:
     def _where(self, filters: Filters, as_of: datetime) -> tuple[str, list[Any]]:
         clauses = ["tenant = ?", "subject_id = ?", "legal_hold = false", "created_at <= ?",
                    "(superseded_at IS NULL OR superseded_at > ?)"]
-        instant = _naive(as_of)
+        instant = naive(as_of)
         params: list[Any] = [filters.tenant, filters.subject_id, instant, instant]
         for column in ("namespace", "key", "collection_id"):
             value = getattr(filters, column)
@@ -452,7 +344,7 @@ class MemoryStore:
             f"SELECT {_COLUMNS} FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
             [*params, limit],
         ).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), _aware(r[7]),
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), aware(r[7]),
                     r[8]) for r in rows]
 
     def high_seq(self, tenant: str, subject_id: str) -> int:
@@ -506,8 +398,8 @@ class MemoryStore:
                 unknown.append(memory_id)
             elif version.owner == owner:  # another owner's: not allowed, whatever the filters
                 known.append(version)
-        instant = _naive(as_of)
-        found = [_row(v) for v in known if _allows(filters, instant, v)]
+        instant = naive(as_of)
+        found = [row_of(v) for v in known if allows(filters, instant, v)]
         if unknown:
             where, params = self._where(filters, as_of)
             read = [Version(r[0], r[1], filters.tenant, filters.subject_id, *r[2:])
@@ -515,7 +407,7 @@ class MemoryStore:
                         f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = ANY(?)",
                         [*params, unknown]).fetchall()]
             self._mirror.read(read)  # as read: the filters hid no held version among them
-            found += [_row(v) for v in read]
+            found += [row_of(v) for v in read]
         return found
 
     def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
@@ -523,13 +415,13 @@ class MemoryStore:
         seq, namespace, key, collection_id, created_at, superseded_at, legal_hold)."""
         if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
             return [(v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-                     v.created_at.replace(tzinfo=UTC), _aware(v.superseded_at), False)
+                     v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
                     for v in held]
         rows = self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
             "legal_hold FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
             "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
-        return [(*r[:5], r[5].replace(tzinfo=UTC), _aware(r[6]), r[7]) for r in rows]
+        return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), r[7]) for r in rows]
 
     def held_by(self, tenant: str, subject_id: str,
                 namespaces: list[str] | None = None) -> list[str]:
@@ -579,7 +471,7 @@ class MemoryStore:
             "legal_hold = false AND (expires_at <= ? OR created_at <= (SELECT c.cutoff FROM "
             "(SELECT unnest(?::VARCHAR[]) AS tenant, unnest(?::TIMESTAMP[]) AS cutoff) c "
             "WHERE c.tenant = memories.tenant))",
-            [_naive(now), tenants, [_naive(cutoffs[t]) for t in tenants]], event_subject, event)
+            [naive(now), tenants, [naive(cutoffs[t]) for t in tenants]], event_subject, event)
 
     def _purge(self, where: str, params: list[Any], event_subject: str,
                event: Callable[[str, str, list[str]], bytes]) -> list[str]:

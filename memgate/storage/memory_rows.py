@@ -1,0 +1,126 @@
+"""The memory store's values: rows as read, filters, limits, a remember of a group, cursors,
+and the filter rule as the in-memory mirror applies it (`allows`, the twin of
+`MemoryStore._where`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from memgate.storage.recent import Version
+
+
+@dataclass(frozen=True)
+class Row:
+    memory_id: str
+    seq: int
+    namespace: str
+    key: str | None
+    collection_id: str | None
+    text: str
+    created_at: datetime
+    superseded_at: datetime | None
+    citations: str  # JSON
+
+
+@dataclass(frozen=True)
+class Stored:
+    memory_id: str
+    seq: int
+    created_at: datetime
+    superseded: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    remembers_per_hour: int = 120  # per credential
+    versions_per_member: int = 5000  # per member and workspace, every version counted
+
+
+class LimitReachedError(Exception):
+    """A remember refused by a limit; `retry_after` seconds for the rate limit, else None."""
+
+    def __init__(self, limit: str, retry_after: int | None = None) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Filters:
+    tenant: str
+    subject_id: str
+    namespace: str | None = None
+    key: str | None = None
+    collection_id: str | None = None
+    collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
+    namespaces: tuple[str, ...] | None = None  # any of these (a mem0 filter's entities)
+
+
+@dataclass(frozen=True)
+class Remember:
+    """One remember of a group: the version to store and its event (built from its seq)."""
+
+    filters: Filters
+    memory_id: str
+    credential_id: str
+    text: str
+    retention_days: int
+    event_subject: str
+    event: Callable[[int], bytes]
+    citations: tuple[dict[str, Any], ...] = ()
+    derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
+
+
+def key_of(filters: Filters) -> tuple[str, str, str, str] | None:
+    if filters.key is None:
+        return None
+    return filters.tenant, filters.subject_id, filters.namespace or "", filters.key
+
+
+def naive(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(tzinfo=None)
+
+
+def aware(instant: datetime | None) -> datetime | None:
+    return None if instant is None else instant.replace(tzinfo=UTC)
+
+
+def row_of(version: Version) -> Row:
+    return Row(version.memory_id, version.seq, version.namespace, version.key,
+               version.collection_id, version.text, version.created_at.replace(tzinfo=UTC),
+               aware(version.superseded_at), version.citations)
+
+
+def allows(filters: Filters, instant: datetime, version: Version) -> bool:
+    """`MemoryStore._where` for a version of the filters' owner that is not on hold."""
+    return (version.created_at <= instant
+            and (version.superseded_at is None or version.superseded_at > instant)
+            and filters.namespace in (None, version.namespace)
+            and filters.key in (None, version.key)
+            and filters.collection_id in (None, version.collection_id)
+            and (filters.collection_ids is None
+                 or (version.collection_id is not None
+                     and version.collection_id in filters.collection_ids))
+            and (filters.namespaces is None or version.namespace in filters.namespaces))
+
+
+def encode_cursor(seq: int, snapshot: datetime) -> str:
+    raw = json.dumps({"s": seq, "t": naive(snapshot).isoformat()}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, datetime]:
+    """Raises ValueError on anything that is not a cursor this store issued."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        seq, snapshot = data["s"], datetime.fromisoformat(data["t"]).replace(tzinfo=UTC)
+    except (KeyError, TypeError, ValueError) as exc:  # JSON, base64, Unicode and date errors
+        raise ValueError("not a cursor") from exc
+    if type(seq) is not int or not 0 <= seq < 2**63:  # a BIGINT: no float, bool or 10**40
+        raise ValueError("not a cursor")
+    return seq, snapshot
