@@ -53,15 +53,17 @@ def hits(root: Path, wanted: list[bytes]) -> list[str]:
     return found
 
 
-def indexed(root: Path, word: str) -> list[str]:
-    """The terms starting with the word's first 24 characters in any live Tantivy index."""
+def indexed(root: Path, word: str, fields: tuple[str, ...] = ("text", "ctx")) -> list[str]:
+    """The terms starting with the word's first 24 characters in any live Tantivy index (in
+    a memory's own text, or in a conversation turn's context document)."""
     terms: list[str] = []
     for generation in root.glob("partitions/*/text-index/*/gen-*"):
         try:
             if not (generation / "READY").exists():
                 continue
             searcher = tantivy.Index.open(str(generation)).searcher()
-            terms += [t for t, _ in searcher.terms_with_prefix("text", word[:24])]
+            terms += [t for field in fields
+                      for t, _ in searcher.terms_with_prefix(field, word[:24])]
         except (FileNotFoundError, ValueError, OSError):  # replaced while opened: ask again
             return [f"{generation} (unreadable, retry)"]
     return terms
@@ -177,6 +179,31 @@ async def test_forget_by_id(tmp_path: Path) -> None:
 
 
     await erased(tmp_path, remember_one, forget)
+
+
+async def test_forget_of_a_conversation_turn(tmp_path: Path) -> None:
+    """A turn's words are in its neighbours' context documents too (the context channel):
+    forgetting it takes them out of those as well."""
+    async def turns(world: World) -> None:
+        await world.agent.remember("chat", "Alice: Did you pick the vault word?")
+        result = await world.agent.remember("chat", f"Bob: Yes, it is {world.word} for now.")
+        await world.agent.remember("chat", "Alice: Great, I will write it down.")
+        world.memory_ids.append(result.memory_id)
+
+    async def forget(world: World) -> None:
+        data = world.memgate.settings.data_dir
+        assert indexed(data, world.word, ("ctx",)), "the turns around it hold its words"
+        [memory_id] = world.memory_ids
+        assert (await world.agent.forget(memory_id=memory_id)).deleted == 1
+        assert in_store(world) == []
+
+        async def neighbours_not_found_by_its_word() -> bool:
+            recalled = (await world.agent.recall(world.word)).memories
+            return all(m.ranks.context is None and m.ranks.bm25 is None for m in recalled)
+
+        await eventually(neighbours_not_found_by_its_word)
+
+    await erased(tmp_path, turns, forget)
 
 
 async def test_forget_of_a_key_with_superseded_versions(tmp_path: Path) -> None:

@@ -15,6 +15,14 @@ consumer lags.
 
 Events are acked once their documents are added, before the index commits them (`text_index`:
 commits are deferred, and searches commit first); a restart indexes whatever a crash lost.
+
+Conversation turns (`policy/context.py`) also get a context document: their text and the texts
+of the turns up to two places before and after them in their namespace (current versions, by
+seq, from the catalog). A new turn is indexed with its context, and the turns around it are
+indexed again (theirs gained it); texts not at hand come from storage. A rebuild after a
+deletion computes every context from the remaining versions only, so a deleted turn's words
+leave its neighbours' documents too. A rank request that asks (`context`) also gets the context
+channel's ranking, under the same filters.
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +40,7 @@ from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
 )
+from memgate.policy import context
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.catalog import Catalog
@@ -105,15 +113,36 @@ class IndexerActor:
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
-    async def _texts(self, owner: Owner, ids: list[str] | None) -> list[tuple[str, str]]:
+    async def _texts(self, owner: Owner, ids: list[str] | None) -> dict[str, str]:
         texts = await self._bus.request(subjects.store(self.partition, "texts"),
                                         TextsRequest(owner=owner, memory_ids=ids), Texts)
-        return [(item.memory_id, item.text) for item in texts.items]
+        return {item.memory_id: item.text for item in texts.items}
 
-    def _add(self, owner: Owner, items: list[tuple[str, str]]) -> None:
+    def _add(self, owner: Owner, items: list[tuple[str, str]],
+             contexts: dict[str, str]) -> None:
         """On the serial thread: the owner's index as open now (an earlier lookup may have been
         closed since, and only the open one may write)."""
-        self.indexes.owner(owner.tenant, owner.subject_id).add(items)
+        self.indexes.owner(owner.tenant, owner.subject_id).add(items, contexts)
+
+    async def _contexts(self, owner: Owner, catalog: Catalog, texts: dict[str, str],
+                        changed: list[str]) -> dict[str, str]:
+        """The context documents of the turns among `changed` and of the turns around them
+        (whose documents hold theirs), by id; the texts lacking in `texts` are read from
+        storage and added to it."""
+        turns = [i for i in changed if context.is_turn(texts.get(i, ""))]
+        if not turns:
+            return {}
+        current = catalog.current()
+        around = catalog.neighbours(turns, current, context.WIDTH)
+        touched = {i for sides in around.values() for i in (*sides.before, *sides.after)}
+        around |= catalog.neighbours(touched - around.keys(), current, context.WIDTH)
+        wanted = {*around, *(i for sides in around.values() for i in (*sides.before, *sides.after))}
+        lacking = sorted(wanted - texts.keys())
+        if lacking:
+            texts.update(await self._texts(owner, lacking))
+        return {memory_id: context.context(texts[memory_id], [*sides.before, *sides.after], texts)
+                for memory_id, sides in around.items()
+                if context.is_turn(texts.get(memory_id, ""))}
 
     async def _index(self, owner: Owner) -> OwnerIndex:
         return await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
@@ -125,28 +154,38 @@ class IndexerActor:
         if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
             return catalog
         async with self._locks[owner]:
-            catalog = self._catalogs.setdefault(owner, Catalog())
-            if catalog.loaded and catalog.seq >= min_seq:
-                return catalog
-            rows = await self._bus.request(
-                subjects.store(self.partition, "catalog"),
-                CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
-            # index the texts before the catalog admits the versions: a rank that finds the
-            # catalog caught up (outside the lock) must find their words too
-            index = await self._index(owner)
-            missing = [i for i in rows.memory_ids if i not in index.ids]
-            if missing:
-                await self._serial(self._add, owner, await self._texts(owner, missing))
-                self._added.set()
-            catalog.apply(rows)
-            catalog.loaded = True
-            self._catalogs.move_to_end(owner)
-            while len(self._catalogs) > CATALOGS_KEPT:
-                self._catalogs.popitem(last=False)
+            return await self._catch_up(owner, min_seq)
+
+    async def _catch_up(self, owner: Owner, min_seq: int) -> Catalog:
+        """`catch_up` under the owner's lock."""
+        catalog = self._catalogs.setdefault(owner, Catalog())
+        if catalog.loaded and catalog.seq >= min_seq:
             return catalog
+        rows = await self._bus.request(
+            subjects.store(self.partition, "catalog"),
+            CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
+        # the catalog takes the rows (the turns' neighbours are found in it) but says it is
+        # caught up only once their texts are indexed: a rank that finds the catalog caught up
+        # (outside the lock) must find their words too
+        index = await self._index(owner)
+        missing = [i for i in rows.memory_ids if i not in index.ids]
+        catalog.apply(rows, advance=False)
+        if missing:
+            texts = await self._texts(owner, missing)
+            contexts = await self._contexts(owner, catalog, texts, missing)
+            changed = [i for i in dict.fromkeys([*missing, *contexts]) if i in texts]
+            await self._serial(self._add, owner, [(i, texts[i]) for i in changed], contexts)
+            self._added.set()
+        catalog.seq = max(catalog.seq, rows.high_seq)
+        catalog.loaded = True
+        self._catalogs.move_to_end(owner)
+        while len(self._catalogs) > CATALOGS_KEPT:
+            self._catalogs.popitem(last=False)
+        return catalog
 
     async def remove(self, owner: Owner, deleted: list[str]) -> None:
-        """Forget deleted versions; if the index held any, rebuild it without them."""
+        """Forget deleted versions; if the index held any, rebuild it without them (every
+        context document computed again from the remaining versions)."""
         async with self._locks[owner]:
             catalog = self._catalogs.get(owner)
             if catalog is not None:
@@ -154,8 +193,13 @@ class IndexerActor:
             index = await self._index(owner)
             if index.ids.isdisjoint(deleted):
                 return
-            items = await self._texts(owner, None)
-            await self._serial(index.rebuild, items)
+            catalog = await self._catch_up(owner, 0)
+            texts = await self._texts(owner, None)
+            # versions the catalog does not hold yet are left to the next catch-up, which
+            # indexes them with their contexts
+            kept = [i for i in catalog.ids if i in texts]
+            contexts = await self._contexts(owner, catalog, texts, kept)
+            await self._serial(index.rebuild, [(i, texts[i]) for i in kept], contexts)
 
     async def drop(self, payload: bytes) -> SubjectCount:
         """For an erasure: the versions gone from the catalog and the index files now."""
@@ -178,15 +222,24 @@ class IndexerActor:
         ids = catalog.ids
         blocked_rows = np.flatnonzero(~mask)
         index = await self._index(owner)
-        if len(blocked_rows) <= max(request.depth, SKIP_AT_MOST):  # search all, skip those
+        if len(blocked_rows) <= max(request.depth, request.context, SKIP_AT_MOST):
+            # search all, skip those
+            allowed = None
             blocked = {ids[row] for row in blocked_rows}
-            ranked = await self._serial(partial(index.rank, request.query, None, request.depth,
-                                                blocked=blocked))
         else:
             allowed = [ids[row] for row in np.flatnonzero(mask)]
-            ranked = await self._serial(index.rank, request.query, allowed, request.depth)
+            blocked = set()
+
+        def search() -> tuple[list[str], list[str]]:
+            ranked = index.rank(request.query, allowed, request.depth, blocked=blocked)
+            if not request.context:
+                return ranked, []
+            return ranked, index.rank_context(request.query, allowed, request.context,
+                                              blocked=blocked, cut=context.CUT)
+
+        ranked, contextual = await self._serial(search)
         if not request.neighbours:
-            return Ranking(memory_ids=ranked)
+            return Ranking(memory_ids=ranked, context=contextual)
         mask = catalog.allowed(request.filters, request.exclude)  # the rows may have changed
-        return Ranking(memory_ids=ranked,
+        return Ranking(memory_ids=ranked, context=contextual,
                        neighbours=catalog.neighbours(ranked, mask, request.neighbours))

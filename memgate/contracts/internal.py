@@ -144,6 +144,7 @@ class RankRequest(Contract):
     exclude: list[str] = Field(default_factory=list)
     vector: list[float] | None = None  # the query's embedding, when the caller has it
     neighbours: int = Field(default=0, ge=0, le=8)  # per listed id, this many each way
+    context: int = Field(default=0, ge=0)  # the indexer: the context channel's depth (0: off)
 
 
 class Neighbours(Contract):
@@ -157,6 +158,7 @@ class Neighbours(Contract):
 class Ranking(Contract):
     memory_ids: list[str]  # best first; versions that did not match are absent
     neighbours: dict[str, Neighbours] = Field(default_factory=dict)  # when the request asks
+    context: list[str] = Field(default_factory=list)  # the context channel, when asked
 
 
 class PrincipalRequest(Contract):

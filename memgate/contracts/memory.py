@@ -98,6 +98,7 @@ class Ranks(Contract):
     bm25: int | None = None
     cosine: int | None = None
     entity: int | None = None
+    context: int | None = None
 
 
 class RecalledMemory(Memory):

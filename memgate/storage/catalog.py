@@ -101,9 +101,10 @@ class Catalog:
             bigger.vectors[: self._n] = self._c.vectors[: self._n]
         self._c = bigger
 
-    def apply(self, rows: CatalogRows) -> list[str]:
+    def apply(self, rows: CatalogRows, *, advance: bool = True) -> list[str]:
         """Add the versions storage reported (oldest first; already known ones are updated);
-        the ids that were new."""
+        the ids that were new. Without `advance`, `seq` stays: the caller raises it once it
+        has done what being caught up promises (the indexer: their texts indexed)."""
         self._grow(self._n + len(rows.memory_ids))
         c = self._c
         added = []
@@ -127,7 +128,8 @@ class Catalog:
             key = rows.keys[i]
             if key is not None:
                 self._supersede((rows.namespaces[i], key), memory_id, created, superseded is None)
-        self.seq = max(self.seq, rows.high_seq)
+        if advance:
+            self.seq = max(self.seq, rows.high_seq)
         return added
 
     def _enter(self, namespace: int, row: int) -> int:
@@ -188,6 +190,11 @@ class Catalog:
             key = self._keys.pop(memory_id, None)
             if key is not None and self._live_keys.get(key) == memory_id:
                 del self._live_keys[key]
+
+    def current(self) -> np.ndarray:
+        """A boolean mask over the rows: the versions not superseded."""
+        current: np.ndarray = self._c.superseded[: self._n] == NEVER
+        return current
 
     def allowed(self, filters: RecallFilters, exclude: Collection[str] = ()) -> np.ndarray:
         """A boolean mask over the rows: the versions the filters let recall rank."""

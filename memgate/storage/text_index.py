@@ -8,6 +8,13 @@ Why two text fields: `text` holds the non-CJK part under Tantivy's English stemm
 character unigrams and bigrams of each CJK run (made here, so every process tokenises alike and
 no custom tokenizer must be registered). Nothing but the memory id is stored.
 
+Why two context fields: `ctx` and `ctx_cjk` hold a conversation turn's context document (its own
+text and its neighbours', `policy/context.py`), tokenised as `text` and `cjk`; empty for any
+memory that is not a turn. They are searched by the context channel only (`rank_context`).
+`FORMAT` names the schema in each generation's READY file: a generation of another format
+(made before a schema change) is not opened but removed, and the indexer's catch-up re-adds
+every version from storage.
+
 Why writers stay open and commits are deferred: a commit writes a new segment and fsyncs it,
 ~15-20 ms of CPU (mostly the kernel's) and 50-90 ms of wall time, whatever it holds. Added
 documents are therefore committed at most once per `COMMIT_EVERY_S` per owner (at once when the
@@ -24,7 +31,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import tantivy
@@ -32,6 +39,7 @@ import tantivy
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
 READY = "READY"
+FORMAT = "memgate-text-index 2 (text, cjk, ctx, ctx_cjk)"  # written into READY
 # Words that say nothing about which memory is meant; dropped from queries (not from documents)
 # so that BM25 lists only memories sharing content words with the query.
 STOPWORDS = frozenset("""
@@ -71,11 +79,22 @@ def split_text(text: str) -> tuple[str, str]:
     return CJK.sub(" ", folded), " ".join(cjk_grams(folded))
 
 
+def _format(generation: Path) -> str:
+    """The format a generation directory was made in ("" when it is not complete)."""
+    try:
+        return (generation / READY).read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def _schema() -> tantivy.Schema:
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("memory_id", stored=True, tokenizer_name="raw", index_option="basic")
     builder.add_text_field("text", stored=False, tokenizer_name="en_stem", index_option="freq")
     builder.add_text_field("cjk", stored=False, tokenizer_name="whitespace", index_option="freq")
+    builder.add_text_field("ctx", stored=False, tokenizer_name="en_stem", index_option="freq")
+    builder.add_text_field("ctx_cjk", stored=False, tokenizer_name="whitespace",
+                           index_option="freq")
     return builder.build()
 
 
@@ -91,9 +110,10 @@ class OwnerIndex:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        generations = sorted((int(p.name[4:]), p) for p in root.glob("gen-*")
-                             if (p / READY).exists())
-        self.generation = generations[-1][0] if generations else 0
+        generations = sorted(int(p.name[4:]) for p in root.glob("gen-*"))
+        current = [g for g in generations if _format(self._path(g)) == FORMAT]
+        # none of this format: a fresh generation, so that no older one is opened as this one
+        self.generation = current[-1] if current else (generations[-1] + 1 if generations else 0)
         for path in root.glob("gen-*"):
             if path.name != f"gen-{self.generation}":
                 shutil.rmtree(path)
@@ -110,7 +130,7 @@ class OwnerIndex:
         path = self._path(generation)
         path.mkdir(exist_ok=True)
         index = tantivy.Index(SCHEMA, path=str(path), reuse=True)
-        (path / READY).touch()
+        (path / READY).write_text(FORMAT)
         return index
 
     def _stored_ids(self) -> set[str]:
@@ -125,16 +145,21 @@ class OwnerIndex:
         """Whether a writer is open."""
         return self._writer is not None
 
-    def add(self, items: list[tuple[str, str]]) -> None:
-        """Add (or replace: idempotent) documents; searchable once committed."""
+    def add(self, items: list[tuple[str, str]],
+            contexts: Mapping[str, str] | None = None) -> None:
+        """Add (or replace: idempotent) documents, with the context document of those that
+        `contexts` names (conversation turns); searchable once committed."""
         if not items:
             return
         if self._writer is None:
             self._writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        contexts = contexts or {}
         for memory_id, text in items:
             words, grams = split_text(text)
+            ctx_words, ctx_grams = split_text(contexts.get(memory_id, ""))
             self._writer.delete_documents_by_term("memory_id", memory_id)
-            self._writer.add_document(tantivy.Document(memory_id=memory_id, text=words, cjk=grams))
+            self._writer.add_document(tantivy.Document(
+                memory_id=memory_id, text=words, cjk=grams, ctx=ctx_words, ctx_cjk=ctx_grams))
             self.ids.add(memory_id)
         self.pending = True
 
@@ -160,9 +185,11 @@ class OwnerIndex:
         self._writer.wait_merging_threads()  # joins its threads and frees the directory lock
         self._writer = None
 
-    def rebuild(self, items: list[tuple[str, str]]) -> None:
-        """Replace the index by one holding exactly `items`; the old generation leaves the disk.
-        Documents added and not committed are discarded (they are in `items` unless deleted)."""
+    def rebuild(self, items: list[tuple[str, str]],
+                contexts: Mapping[str, str] | None = None) -> None:
+        """Replace the index by one holding exactly `items` (with `contexts`, as `add`); the old
+        generation leaves the disk. Documents added and not committed are discarded (they are
+        in `items` unless deleted)."""
         self._release(discard=True)
         old = self.generation
         self.generation += 1
@@ -171,33 +198,42 @@ class OwnerIndex:
         path.mkdir()
         self._index = tantivy.Index(SCHEMA, path=str(path))
         self.ids = set()
-        self.add(items)
+        self.add(items, contexts)
         self.commit()
-        (path / READY).touch()
+        (path / READY).write_text(FORMAT)
         shutil.rmtree(self._path(old))
 
     def _searcher(self) -> tantivy.Searcher:
         self.commit()
         return self._index.searcher()
 
-    def _matching(self, query: str) -> tantivy.Query | None:
+    def _terms(self, query: str, field: str, grams_field: str,
+               ) -> tuple[list[tantivy.Query], list[tantivy.Query]]:
+        """The query's distinct content words (stopwords out) as queries on `field`, and its
+        CJK n-grams (lone hiragana out) as queries on `grams_field`."""
+        words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
+        content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
+        word_queries = [self._index.parse_query_lenient(w, [field])[0] for w in content]
+        gram_queries = [tantivy.Query.term_query(SCHEMA, grams_field, g)
+                        for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
+        return word_queries, gram_queries
+
+    def _matching(self, query: str, *, context: bool = False) -> tantivy.Query | None:
         """Documents that share at least half of the query's distinct content words (or, for
         CJK queries, any of its character n-grams); None when the query has no content.
         One shared common word out of many is noise that would otherwise outvote the cosine
-        ranking in the fusion."""
-        words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
-        content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
-        word_queries = [self._index.parse_query_lenient(w, ["text"])[0] for w in content]
-        gram_queries = [tantivy.Query.term_query(SCHEMA, "cjk", g)
-                        for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
+        ranking in the fusion. With `context`, the context fields, and any one content word
+        matches: a turn's context is long, and its score ranks it (`rank_context` cuts it)."""
+        fields = ("ctx", "ctx_cjk") if context else ("text", "cjk")
+        word_queries, gram_queries = self._terms(query, *fields)
         if not (word_queries or gram_queries):
             return None
         should = tantivy.Occur.Should
         parts = []
-        if word_queries:  # at least half of the content words
+        if word_queries:  # at least half of the content words (any one, in the context)
             parts.append((should, tantivy.Query.boolean_query(
                 [(should, q) for q in word_queries],
-                minimum_number_should_match=(len(word_queries) + 1) // 2)))
+                minimum_number_should_match=1 if context else (len(word_queries) + 1) // 2)))
         if gram_queries:
             parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
         return tantivy.Query.boolean_query(parts)
@@ -211,7 +247,23 @@ class OwnerIndex:
         them the whole index is searched and the blocked ids are skipped: cheaper when few
         documents are blocked (superseded versions, other namespaces).
         """
-        matching = self._matching(query)
+        hits = self._search(self._matching(query), allowed, depth, blocked)
+        return [memory_id for _, memory_id in hits]
+
+    def rank_context(self, query: str, allowed: Collection[str] | None = None,
+                     depth: int | None = None, *, blocked: Collection[str] = (),
+                     cut: float = 0.0) -> list[str]:
+        """As `rank`, over the turns' context documents, any content word matching; only the
+        matches scoring at least `cut` times the best one."""
+        hits = self._search(self._matching(query, context=True), allowed, depth, blocked)
+        if not hits:
+            return []
+        floor = cut * hits[0][0]
+        return [memory_id for score, memory_id in hits if score >= floor]
+
+    def _search(self, matching: tantivy.Query | None, allowed: Collection[str] | None,
+                depth: int | None, blocked: Collection[str]) -> list[tuple[float, str]]:
+        """(score, id) of the best `depth` documents `matching` finds among the allowed ones."""
         if allowed is not None and not blocked:
             depth = len(allowed) if depth is None else depth
             if matching is None or not allowed or depth <= 0:
@@ -226,8 +278,9 @@ class OwnerIndex:
         if matching is None or depth <= 0:
             return []
         hits = searcher.search(matching, limit=depth + len(blocked)).hits
-        ranked = (searcher.doc(address)["memory_id"][0] for _, address in hits)
-        return [memory_id for memory_id in ranked if memory_id not in blocked][:depth]
+        found = ((score, searcher.doc(address)["memory_id"][0]) for score, address in hits)
+        return [(score, memory_id) for score, memory_id in found
+                if memory_id not in blocked][:depth]
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
         """The indexed terms of `field` that start with `prefix` (without their frequencies)."""

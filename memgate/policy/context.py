@@ -1,0 +1,36 @@
+"""The context channel's document: a conversation turn with the turns around it (issue 12).
+
+A question about a conversation often names the words of the turn next to the one that holds
+the answer ("What did Caroline adopt?" — the answer turn says "we got her last week"). The
+context channel therefore ranks each turn by BM25 over its own text three times (so its own
+words still weigh most) and the text of up to `WIDTH` turns remembered before it and after it
+in its namespace (current versions, by seq). The lab measured this document best of the
+shapes tried (±1, ±2, before only, own text once to three times), LoCoMo development half.
+
+Only memories in dialogue form take part: a turn is a memory whose text starts with a speaker,
+one to three capitalised words and a colon ("Caroline: ..."). Independent facts have no
+neighbours worth reading: ungated, the channel sank `bench/quality.py` fused@1 from 0.80 to
+0.58, and none of its memories is a turn. A turn's neighbours that are not turns lend nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+TURN = re.compile(r"^[A-Z][\w.'-]*( [A-Z][\w.'-]*){0,2}: ")
+WIDTH = 2  # turns each way whose text joins a turn's context
+OWN = 3  # times a turn's own text is repeated in its context
+CUT = 0.5  # the channel keeps the matches scoring at least this share of the best one
+
+
+def is_turn(text: str) -> bool:
+    """Whether a memory's text is a conversation turn ("Speaker: text")."""
+    return TURN.match(text) is not None
+
+
+def context(own: str, around: Sequence[str], texts: Mapping[str, str]) -> str:
+    """A turn's context document: its text `OWN` times and the texts of the memories `around`
+    it (ids; those that are turns and whose text is known)."""
+    neighbours = (texts[i] for i in around if i in texts and is_turn(texts[i]))
+    return " ".join([*[own] * OWN, *neighbours])
