@@ -89,7 +89,7 @@ class EmbedderActor:
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        router.subscriber(subjects.embed(self.partition, "rank"))(replying(self.rank))
+        router.subscriber(subjects.embed(self.partition, "rank"), max_workers=64)(replying(self.rank))
         router.subscriber(subjects.embed(self.partition, "drop"))(replying(self.drop))
         ready_route(router, subjects.ready(self.name), self.name)
         return router

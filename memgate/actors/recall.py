@@ -120,7 +120,8 @@ class RecallActor:
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        router.subscriber(subjects.recall_internal(), queue=QUEUE)(replying(self.recall))
+        router.subscriber(subjects.recall_internal(), queue=QUEUE,
+                          max_workers=64)(replying(self.recall))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
