@@ -8,9 +8,10 @@ and remembers each dialog turn, `"{speaker}: {text}"`, as one memory in the name
 the conversation, in conversation order (turns of a conversation one after the other, the
 conversations side by side), over the bus with an agent NKey login. Once the indexer and the
 embedder are idle, every question of categories 1-4 is asked three ways: the public recall
-(limit 10, timed: the latency rows) and the BM25, context and cosine channels on their internal
-subjects (the rankers recall itself asks, through `memgate.ports.ranking.BusRankers`; the context
-channel comes with the indexer's BM25 reply). A question scores
+(limit 10, timed: the latency rows) and each channel on its internal subject (the rankers recall
+itself asks, through `memgate.ports.ranking.BusRankers`): BM25 and cosine over every memory, the
+context channel with the indexer's BM25 reply, smoothed and speaker with the embedder's reply to
+a conversation request. A question scores
 the share of its evidence dialog ids found in the top 10. Evidence ids are taken as written (the
 few malformed ones, e.g. "D8:6; D9:17", and questions without evidence count as misses), as in
 the figures the issue quotes.
@@ -45,7 +46,7 @@ from memgate.storage.directory import hash_token
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared/data/locomo-dev/locomo-dev.json"
 CATEGORIES = (1, 2, 3, 4)  # multi-hop, temporal, open-domain, single-hop; 5 (adversarial) is out
-METHODS = ("bm25", "context", "cosine", "fused")
+METHODS = ("bm25", "context", "cosine", "smoothed", "speaker", "fused")
 LIMIT = 10
 # Measured before issue 12 on this half (the issue's figures), and the goal.
 REFERENCE: dict[str, dict[str | int, float]] = {
@@ -176,11 +177,14 @@ async def ask(running: Running, loaded: Sequence[Loaded], recall_ms: list[float]
                         context=LIMIT,
                     )
                     words = await rankers.bm25(rank)
+                    meaning = await rankers.cosine(rank.model_copy(update={"conversation": True}))
                     ranked = {
                         "fused": [m.memory_id for m in result.memories],
                         "bm25": words.memory_ids,
                         "context": words.context,
                         "cosine": (await rankers.cosine(rank)).memory_ids,
+                        "smoothed": meaning.smoothed,
+                        "speaker": meaning.speaker,
                     }
                     for method, memory_ids in ranked.items():
                         dialog = [item.dialog_ids[m] for m in memory_ids]  # only ours exist

@@ -1,12 +1,16 @@
-"""The context channel (issue 12) on real components: a conversation turn is found by the words
-of the turns around it; other memories never are; a forgotten turn's words leave its
-neighbours' context documents."""
+"""The conversation channels (issue 12) on real components: a conversation turn is found by the
+words of the turns around it (context), by cosine smoothed along the conversation and by its
+speaker's name; other memories never are, and keep BM25 and cosine; a forgotten turn's words
+leave its neighbours' context documents."""
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+from pathlib import Path
+
 from memgate.contracts import RecallResult
 from tests.agents import Agent
-from tests.conftest import Memgate, eventually
+from tests.conftest import Memgate, eventually, run_memgate
 
 # The answer (index 3) shares no word with the question; the turn two places before it does.
 TURNS = [
@@ -73,6 +77,78 @@ async def test_forgetting_a_turn_takes_its_words_out_of_its_neighbours_context(
     assert ids[1] not in ranks(await agent.recall(QUESTION))
     # the remaining turns' contexts were made again without it, not dropped
     found = ranks(await agent.recall("weekend"))
-    assert found[ids[0]][0] == 1
+    assert found[ids[0]][1] == 1
     assert found[ids[3]][0] is None and found[ids[3]][1] is not None, "two places on, now"
+    await agent.close()
+
+
+async def speakers_ranked(agent: Agent) -> set[str]:
+    """The turns the speaker channel ranks for a question naming Bob (once all are embedded)."""
+    recalled = (await agent.recall("What did Bob bring home?", limit=20)).memories
+    return {m.memory_id for m in recalled if m.ranks.speaker is not None}
+
+
+async def test_the_conversation_channels_work_after_a_restart(tmp_path: Path) -> None:
+    """The embedder's speakers are read again from storage; the indexer's context documents
+    are on disk."""
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        owner = await memgate.workspace()
+        token = await memgate.credential(owner)
+        agent = await memgate.agent("bus", token)
+        ids = await remember_conversation(agent)
+        bob = {ids[i] for i in (1, 3, 5, 7)}
+
+        async def all_embedded() -> bool:
+            return await speakers_ranked(agent) == bob
+
+        await eventually(all_embedded)
+        await agent.close()
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        agent = await memgate.agent("bus", token)
+        assert await speakers_ranked(agent) == bob
+        assert ranks(await agent.recall(QUESTION))[ids[3]][1] is not None
+        await agent.close()
+
+
+async def test_turns_are_ranked_by_the_conversation_channels_and_facts_by_the_others(
+    memgate: Memgate, transport: str
+) -> None:
+    agent = await memgate.new_agent(transport)
+    ids = await remember_conversation(agent)
+    fact = await agent.remember("notes", "Bob keeps the spare office keys in his desk")
+
+    async def embedded() -> bool:  # the embedder catches up from the events stream
+        recalled = (await agent.recall("Bob kitten keys", limit=20)).memories
+        return (any(m.ranks.smoothed is not None for m in recalled)
+                and any(m.ranks.cosine is not None for m in recalled))
+
+    await eventually(embedded)
+    result = await agent.recall("Bob kitten keys", limit=20)
+    recalled = {m.memory_id: m.ranks for m in result.memories}
+    bob = {ids[i] for i in (1, 3, 5, 7)}
+    assert {i for i, r in recalled.items() if r.speaker is not None} == bob
+    assert recalled[ids[3]].context == 1 and recalled[ids[3]].smoothed is not None
+    assert all(recalled[i].bm25 is None and recalled[i].cosine is None
+               for i in ids if i in recalled), "turns leave the plain channels"
+    assert recalled[fact.memory_id].bm25 == 1 and recalled[fact.memory_id].cosine is not None
+    assert recalled[fact.memory_id].speaker is None
+    await agent.close()
+
+
+async def test_a_turn_that_shares_no_word_with_the_query_is_found_by_meaning(
+    memgate: Memgate,
+) -> None:
+    """The cosine channel leaves turns out: the smoothed channel is how a paraphrase finds one."""
+    agent = await memgate.new_agent("bus")
+    ids = await remember_conversation(agent)
+
+    async def found_by_meaning() -> bool:
+        recalled = (await agent.recall("Did anyone get a new pet?")).memories
+        return any(m.memory_id == ids[3] and m.ranks.smoothed is not None for m in recalled)
+
+    await eventually(found_by_meaning)
+    recalled = (await agent.recall("Did anyone get a new pet?")).memories
+    assert all(m.ranks.context is None and m.ranks.speaker is None for m in recalled)
     await agent.close()

@@ -60,6 +60,34 @@ def test_a_rebuild_drops_terms_and_the_old_generation(tmp_path: Path) -> None:
     assert OwnerIndex(tmp_path / "owner").ids == set(IDS[:3])
 
 
+def test_an_index_of_an_older_format_is_replaced_by_an_empty_one(tmp_path: Path) -> None:
+    """Made before a schema change (its READY names no format, or another): not opened, and
+    removed; the indexer's catch-up adds every version again."""
+    old = tmp_path / "owner" / "gen-0"
+    old.mkdir(parents=True)
+    tantivy.Index(tantivy.SchemaBuilder().add_text_field("text").build(), path=str(old))
+    (old / "READY").touch()
+    owner = OwnerIndex(tmp_path / "owner")
+    assert owner.ids == set()
+    assert [p.name for p in (tmp_path / "owner").iterdir()] == ["gen-1"]
+    owner.add(MEMORIES)
+    assert owner.rank("deploying on friday", IDS) == ["deploy"]
+    assert OwnerIndex(tmp_path / "owner").generation == 1
+
+
+def test_the_context_document_is_searched_apart_and_turns_may_be_left_out(
+    tmp_path: Path,
+) -> None:
+    owner = OwnerIndex(tmp_path / "owner")
+    owner.add([("fact", "the shelter opens at nine"), ("turn", "Bob: we got a kitten")],
+              {"turn": "Bob: we got a kitten " * 3 + "Alice: how was the animal shelter?"})
+    assert owner.rank("animal shelter") == ["fact"]
+    assert owner.rank_context("animal shelter") == ["turn"]
+    assert owner.rank("kitten") == ["turn"]
+    assert owner.rank("kitten", turns=False) == []
+    assert owner.rank("shelter opens", turns=False) == ["fact"]
+
+
 def committed_ids(root: Path) -> set[str]:
     """The ids another reader of the directory sees (what has been committed)."""
     generation = max(root.glob("gen-*"), key=lambda p: int(p.name[4:]))

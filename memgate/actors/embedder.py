@@ -8,6 +8,12 @@ Each owner it ranks for has a `Catalog` whose rows carry the vectors: a recall's
 a mask, and the owner's whole matrix is scored by one matrix-vector product. A rank request
 catches the catalog up to the owner's newest seq first (metadata only: a memory is found by
 meaning once its vector exists, by its words at once).
+
+Conversation turns (`policy/context.py`): the catalog marks them, with their speakers, from the
+texts embedded (and, for the vectors of earlier runs, from the texts read when the owner's
+catalog is loaded). A rank request for the conversation channels leaves them out of the cosine
+list and ranks them in two more: cosine smoothed along each namespace's turns, and the turns
+whose speaker the query names.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from memgate.contracts.internal import (
 )
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
+from memgate.policy import context
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
 from memgate.runtime.compaction import Compactions
@@ -116,6 +123,11 @@ class EmbedderActor:
                                                          owner.subject_id)
                 if matrix is not None:
                     catalog.set_vectors(found, matrix)
+                    texts = await self._bus.request(
+                        subjects.store(self.partition, "texts"),
+                        TextsRequest(owner=owner, memory_ids=found), Texts)
+                    catalog.set_speakers({item.memory_id: context.speaker(item.text)
+                                          for item in texts.items})
             catalog.loaded = True
             self._catalogs.move_to_end(owner)
             while len(self._catalogs) > CATALOGS_KEPT:
@@ -147,6 +159,7 @@ class EmbedderActor:
         for _, catalog, items in fetched:
             catalog.set_vectors([item.memory_id for item in items],
                                 matrix[start:start + len(items)])
+            catalog.set_speakers({item.memory_id: context.speaker(item.text) for item in items})
             start += len(items)
 
     async def on_events(self, payloads: list[bytes]) -> None:
@@ -189,6 +202,19 @@ class EmbedderActor:
         else:
             query = await self._batcher.embed(request.query)
         mask = catalog.allowed(request.filters, request.exclude)
-        ranked = catalog.nearest(query, mask, request.depth)
-        return Ranking(memory_ids=ranked,
-                       neighbours=catalog.neighbours(ranked, mask, request.neighbours))
+        if not request.conversation:
+            ranked = catalog.nearest(query, mask, request.depth)
+            return Ranking(memory_ids=ranked,
+                           neighbours=catalog.neighbours(ranked, mask, request.neighbours))
+        scores = catalog.similarities(query)
+        turns = catalog.turns()
+        ranked = catalog.best(scores, mask & ~turns, request.depth)
+        smoothed = catalog.smoothed(scores, mask, context.smooth)
+        top = float(smoothed.max(initial=-np.inf))
+        return Ranking(
+            memory_ids=ranked,
+            neighbours=catalog.neighbours(ranked, mask, request.neighbours),
+            smoothed=catalog.best(smoothed, mask & turns & (smoothed >= top - context.WITHIN),
+                                  request.depth),
+            speaker=catalog.best(smoothed, mask & catalog.named(request.query),
+                                 context.SPEAKERS))

@@ -231,7 +231,8 @@ class IndexerActor:
             blocked = set()
 
         def search() -> tuple[list[str], list[str]]:
-            ranked = index.rank(request.query, allowed, request.depth, blocked=blocked)
+            ranked = index.rank(request.query, allowed, request.depth, blocked=blocked,
+                                turns=not request.conversation)
             if not request.context:
                 return ranked, []
             return ranked, index.rank_context(request.query, allowed, request.context,

@@ -10,6 +10,8 @@
    `depth` under the same filters, searched in its own index; both catch up to the newest seq
    first (read-your-writes). The indexer's reply also carries the context channel (BM25 over
    conversation turns with the turns around them, `policy/context.py`) when its weight is set;
+   with the smoothed or speaker channel weighted, the conversation channels are on: turns leave
+   the BM25 and cosine lists, and the embedder's reply carries those two channels;
 4. the cosine channel has a deadline covering query embedding and scoring, counted from the
    start of the recall: when it passes, the answer goes out without it, `degraded: ["cosine"]`;
    BM25 has a deadline of its own (`degraded: ["bm25"]`);
@@ -85,6 +87,8 @@ class RecallActor:
         # the context channel is asked only when it counts (weight 0 or not given: off)
         counts = self._weights.get("context", 0.0) > 0
         self._depth_context = 0 if not counts else min(depth, depth_context or depth)
+        self._conversation = any(self._weights.get(name, 0.0) > 0
+                                 for name in ("smoothed", "speaker"))
         self._sequence = sequence or Window(width=0)
         self._cosine_deadline = cosine_deadline_ms / 1000
         self._bm25_deadline = bm25_deadline_ms / 1000
@@ -148,7 +152,8 @@ class RecallActor:
             if hidden and scope.total is not None and scope.total <= len(hidden):
                 return RecallResult(memories=[], hidden=len(hidden))
             rank = RankRequest(filters=filters, query=query.query, depth=self._depth,
-                               min_seq=scope.high_seq, exclude=sorted(hidden))
+                               min_seq=scope.high_seq, exclude=sorted(hidden),
+                               conversation=self._conversation)
             # only the memories that match the words lend to their neighbours: the indexer
             # reports the neighbours of its matches
             words = rank.model_copy(update={
@@ -167,8 +172,10 @@ class RecallActor:
         channels = {"bm25": bm25 and bm25.memory_ids, "cosine": cosine and cosine.memory_ids,
                     "entity": entity}
         degraded = [name for name, ids in channels.items() if ids is None]
-        if bm25 is not None:  # answered with BM25: a late indexer degrades "bm25" alone
+        if bm25 is not None:  # a late indexer or embedder degrades "bm25" or "cosine" alone
             channels["context"] = bm25.context
+        if cosine is not None:
+            channels |= {"smoothed": cosine.smoothed, "speaker": cosine.speaker}
         fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k, self._weights)
         if bm25 is not None:
             fused = widen(fused, {memory_id: (around.before, around.after)

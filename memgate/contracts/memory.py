@@ -99,6 +99,8 @@ class Ranks(Contract):
     cosine: int | None = None
     entity: int | None = None
     context: int | None = None
+    smoothed: int | None = None
+    speaker: int | None = None
 
 
 class RecalledMemory(Memory):

@@ -1,4 +1,6 @@
-"""The context channel's document: a conversation turn with the turns around it (issue 12).
+"""Conversation turns and the channels that rank them by what surrounds them (issue 12).
+
+The context channel's document: a conversation turn with the turns around it.
 
 A question about a conversation often names the words of the turn next to the one that holds
 the answer ("What did Caroline adopt?" — the answer turn says "we got her last week"). The
@@ -11,6 +13,15 @@ Only memories in dialogue form take part: a turn is a memory whose text starts w
 one to three capitalised words and a colon ("Caroline: ..."). Independent facts have no
 neighbours worth reading: ungated, the channel sank `bench/quality.py` fused@1 from 0.80 to
 0.58, and none of its memories is a turn. A turn's neighbours that are not turns lend nothing.
+
+With the conversation channels on, turns leave the plain BM25 and cosine lists (and so the
+sequence window, whose lenders are BM25 matches) and are ranked by three channels instead:
+context (above), cosine smoothed along the conversation at query time,
+
+    s'ᵢ = sᵢ + 0.5 · max(sᵢ₋₁, sᵢ₊₁) + 0.35 · max(sᵢ₋₂, sᵢ₊₂)
+
+over the allowed turns of each namespace by seq (the turns within `WITHIN` of the best), and
+speaker: the turns whose speaker the query names, by smoothed cosine (the best `SPEAKERS`).
 """
 
 from __future__ import annotations
@@ -18,10 +29,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 TURN = re.compile(r"^[A-Z][\w.'-]*( [A-Z][\w.'-]*){0,2}: ")
 WIDTH = 2  # turns each way whose text joins a turn's context
 OWN = 3  # times a turn's own text is repeated in its context
 CUT = 0.5  # the channel keeps the matches scoring at least this share of the best one
+SMOOTHING = (0.5, 0.35)  # the weight of the better neighbour 1 and 2 places away
+WITHIN = 0.2  # the smoothed channel keeps the turns scoring at least the best one minus this
+SPEAKERS = 30  # turns the speaker channel lists at most
 
 
 def is_turn(text: str) -> bool:
@@ -34,3 +50,22 @@ def context(own: str, around: Sequence[str], texts: Mapping[str, str]) -> str:
     it (ids; those that are turns and whose text is known)."""
     neighbours = (texts[i] for i in around if i in texts and is_turn(texts[i]))
     return " ".join([*[own] * OWN, *neighbours])
+
+
+def speaker(text: str) -> str | None:
+    """The speaker of a turn, case-folded (None: not a turn)."""
+    found = TURN.match(text)
+    return None if found is None else text[: text.index(":")].lower()
+
+
+def smooth(scores: np.ndarray) -> np.ndarray:
+    """Cosine scores of consecutive turns (one namespace, by seq), each raised by its
+    neighbours' (`SMOOTHING`; beyond the ends, 0)."""
+    smoothed = scores.copy()
+    for distance, weight in enumerate(SMOOTHING, start=1):
+        before = np.zeros_like(scores)
+        before[distance:] = scores[:-distance]
+        after = np.zeros_like(scores)
+        after[:-distance] = scores[distance:]
+        smoothed += weight * np.maximum(before, after)
+    return smoothed

@@ -8,11 +8,13 @@ at `as_of`, legal holds out, namespace, collection, context set, and an operator
 A version's `superseded_at` is set by storage when a newer version of the same key arrives; the
 catalog derives it the same way from the newer row, so catching up never re-reads old rows.
 With `dim`, each row also holds a vector (the embedder's contiguous matrix, aligned with the rows).
+The embedder also marks the rows that are conversation turns, with their speakers (read from the
+texts it embeds; codes here, the names case-folded), for the smoothed and speaker channels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -43,6 +45,7 @@ class _Columns:
     collection: np.ndarray
     hold: np.ndarray
     embedded: np.ndarray
+    speaker: np.ndarray  # 0: not a turn (or not known to be one)
     vectors: np.ndarray | None
 
     @classmethod
@@ -51,10 +54,12 @@ class _Columns:
                    superseded=np.full(capacity, NEVER, np.int64),
                    namespace=np.zeros(capacity, np.int32), collection=np.zeros(capacity, np.int32),
                    hold=np.zeros(capacity, bool), embedded=np.zeros(capacity, bool),
+                   speaker=np.zeros(capacity, np.int32),
                    vectors=None if dim is None else np.zeros((capacity, dim), np.float32))
 
     def names(self) -> list[str]:
-        return ["seq", "created", "superseded", "namespace", "collection", "hold", "embedded"]
+        return ["seq", "created", "superseded", "namespace", "collection", "hold", "embedded",
+                "speaker"]
 
 
 class Catalog:
@@ -69,6 +74,8 @@ class Catalog:
         self._live_keys: dict[tuple[str, str], str] = {}  # (namespace, key) → current version
         self._keys: dict[str, tuple[str, str]] = {}  # memory id → its (namespace, key)
         self._codes: dict[str | None, int] = {None: 0}  # namespace and collection names → codes
+        self._speakers: dict[str, int] = {}  # case-folded speaker names → codes (from 1)
+        self._next_speaker = 1
         self._n = 0
         self._c = _Columns.empty(64, dim)
         # Per namespace code, its rows in seq order; a row's place in it (the sequence window).
@@ -190,6 +197,8 @@ class Catalog:
             key = self._keys.pop(memory_id, None)
             if key is not None and self._live_keys.get(key) == memory_id:
                 del self._live_keys[key]
+        spoken = set(np.unique(self._c.speaker[:kept]).tolist())  # a name no turn has goes
+        self._speakers = {name: code for name, code in self._speakers.items() if code in spoken}
 
     def current(self) -> np.ndarray:
         """A boolean mask over the rows: the versions not superseded."""
@@ -265,15 +274,60 @@ class Catalog:
     def nearest(self, query: np.ndarray, mask: np.ndarray, depth: int) -> list[str]:
         """The `depth` allowed rows with vectors most similar to `query` (normalised), best
         first: one matrix-vector product over the owner's rows."""
+        return self.best(self.similarities(query), mask, depth)
+
+    def similarities(self, query: np.ndarray) -> np.ndarray:
+        """Every row's cosine similarity to `query` (normalised; rows without vectors: 0)."""
         assert self._c.vectors is not None, "a catalog without vectors"
+        scores: np.ndarray = self._c.vectors[: self._n] @ query
+        return scores
+
+    def best(self, scores: np.ndarray, mask: np.ndarray, depth: int) -> list[str]:
+        """The `depth` rows with the highest `scores` among the allowed ones with vectors."""
         n = self._n
         eligible = mask & self._c.embedded[:n]
         count = int(eligible.sum())
         if count == 0 or depth <= 0:
             return []
-        scores = self._c.vectors[:n] @ query
-        scores[~eligible] = -np.inf
+        scores = np.where(eligible, scores, -np.inf)
         k = min(depth, count)
         top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
         top = top[np.argsort(-scores[top], kind="stable")]
         return [self._ids[row] for row in top if eligible[row]]
+
+    # --- conversation turns (the embedder's catalog) ---
+
+    def set_speakers(self, speakers: dict[str, str | None]) -> None:
+        """Mark rows as turns of these speakers (None: not a turn)."""
+        for memory_id, name in speakers.items():
+            row = self._row.get(memory_id)
+            if row is not None:
+                if name is not None and name not in self._speakers:
+                    self._speakers[name] = self._next_speaker
+                    self._next_speaker += 1
+                self._c.speaker[row] = 0 if name is None else self._speakers[name]
+
+    def turns(self) -> np.ndarray:
+        """A boolean mask over the rows: the conversation turns."""
+        turns: np.ndarray = self._c.speaker[: self._n] > 0
+        return turns
+
+    def named(self, query: str) -> np.ndarray:
+        """A boolean mask over the rows: the turns whose speaker `query` names."""
+        folded = query.lower()
+        codes = [code for name, code in self._speakers.items() if name in folded]
+        named: np.ndarray = np.isin(self._c.speaker[: self._n], np.asarray(codes, np.int32))
+        return named
+
+    def smoothed(self, scores: np.ndarray, mask: np.ndarray,
+                 smooth: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """`scores` of the allowed turns with vectors, `smooth`ed along each namespace's turns
+        in seq order (`policy.context.smooth`); every other row -inf."""
+        eligible = mask & self._c.embedded[: self._n] & self.turns()
+        smoothed = np.full(self._n, -np.inf, np.float32)
+        for sequence in self._sequence.values():
+            rows = np.asarray(sequence, np.int64)
+            rows = rows[eligible[rows]]
+            if len(rows):
+                smoothed[rows] = smooth(scores[rows])
+        return smoothed

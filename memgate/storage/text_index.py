@@ -10,7 +10,8 @@ no custom tokenizer must be registered). Nothing but the memory id is stored.
 
 Why two context fields: `ctx` and `ctx_cjk` hold a conversation turn's context document (its own
 text and its neighbours', `policy/context.py`), tokenised as `text` and `cjk`; empty for any
-memory that is not a turn. They are searched by the context channel only (`rank_context`).
+memory that is not a turn (`turn` 0; a turn's is 1). They are searched by the context channel
+only (`rank_context`); `rank` may leave the turns out (the conversation channels rank them).
 `FORMAT` names the schema in each generation's READY file: a generation of another format
 (made before a schema change) is not opened but removed, and the indexer's catch-up re-adds
 every version from storage.
@@ -39,7 +40,7 @@ import tantivy
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
 READY = "READY"
-FORMAT = "memgate-text-index 2 (text, cjk, ctx, ctx_cjk)"  # written into READY
+FORMAT = "memgate-text-index 3 (text, cjk, ctx, ctx_cjk, turn)"  # written into READY
 # Words that say nothing about which memory is meant; dropped from queries (not from documents)
 # so that BM25 lists only memories sharing content words with the query.
 STOPWORDS = frozenset("""
@@ -95,6 +96,7 @@ def _schema() -> tantivy.Schema:
     builder.add_text_field("ctx", stored=False, tokenizer_name="en_stem", index_option="freq")
     builder.add_text_field("ctx_cjk", stored=False, tokenizer_name="whitespace",
                            index_option="freq")
+    builder.add_unsigned_field("turn", stored=False, indexed=True)
     return builder.build()
 
 
@@ -158,8 +160,10 @@ class OwnerIndex:
             words, grams = split_text(text)
             ctx_words, ctx_grams = split_text(contexts.get(memory_id, ""))
             self._writer.delete_documents_by_term("memory_id", memory_id)
-            self._writer.add_document(tantivy.Document(
-                memory_id=memory_id, text=words, cjk=grams, ctx=ctx_words, ctx_cjk=ctx_grams))
+            document = tantivy.Document(memory_id=memory_id, text=words, cjk=grams,
+                                        ctx=ctx_words, ctx_cjk=ctx_grams)
+            document.add_unsigned("turn", int(memory_id in contexts))
+            self._writer.add_document(document)
             self.ids.add(memory_id)
         self.pending = True
 
@@ -239,15 +243,22 @@ class OwnerIndex:
         return tantivy.Query.boolean_query(parts)
 
     def rank(self, query: str, allowed: Collection[str] | None = None,
-             depth: int | None = None, *, blocked: Collection[str] = ()) -> list[str]:
+             depth: int | None = None, *, blocked: Collection[str] = (),
+             turns: bool = True) -> list[str]:
         """BM25 order of the documents that match `query` (best first, `depth` at most; see
-        `_matching`): only the `allowed` ones if given, never the `blocked` ones.
+        `_matching`): only the `allowed` ones if given, never the `blocked` ones, nor the
+        conversation turns unless `turns`.
 
         Allowed ids restrict the search with a zero-scored term-set filter (pure BM25). Without
         them the whole index is searched and the blocked ids are skipped: cheaper when few
         documents are blocked (superseded versions, other namespaces).
         """
-        hits = self._search(self._matching(query), allowed, depth, blocked)
+        matching = self._matching(query)
+        if matching is not None and not turns:
+            matching = tantivy.Query.boolean_query([
+                (tantivy.Occur.Must, matching),
+                (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))])
+        hits = self._search(matching, allowed, depth, blocked)
         return [memory_id for _, memory_id in hits]
 
     def rank_context(self, query: str, allowed: Collection[str] | None = None,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from memgate.contracts.internal import CatalogRows, Owner, RecallFilters
+from memgate.policy import context
 from memgate.storage.catalog import Catalog
 
 pytestmark = pytest.mark.unit
@@ -125,3 +126,27 @@ def test_neighbours_follow_seq_order_after_removals() -> None:
     assert neighbours(catalog, ["a"], 1) == {"a": (["late"], ["b"])}
     catalog.remove(["b"])
     assert neighbours(catalog, ["a", "c"], 1) == {"a": (["late"], ["c"]), "c": (["a"], [])}
+
+
+def test_cosine_is_smoothed_along_each_namespaces_turns_and_speakers_are_named() -> None:
+    catalog = Catalog(dim=2)
+    catalog.apply(rows(*[(f"t{i}", i, "chat", None, None) for i in range(5)],
+                       ("fact", 5, "chat", None, None), ("x", 6, "other", None, None)))
+    catalog.set_vectors([*(f"t{i}" for i in range(5)), "fact", "x"], np.eye(2, dtype=np.float32)[
+        [0, 1, 1, 1, 1, 0, 0]])
+    catalog.set_speakers({"t0": "ann", "t1": "bo", "t2": "ann", "t3": "bo", "t4": "ann",
+                          "fact": None, "x": "ann"})
+    scores = catalog.similarities(np.array([1, 0], np.float32))  # t0, fact and x score 1
+    mask = catalog.allowed(RecallFilters(owner=OWNER))
+    smoothed = catalog.smoothed(scores, mask, context.smooth)
+    by_id = dict(zip(catalog.ids, smoothed.tolist(), strict=True))
+    # t1 and t2 gain from t0 one and two places away; x has no neighbours; fact is no turn
+    assert by_id == pytest.approx({"t0": 1.0, "t1": 0.5, "t2": 0.35, "t3": 0.0, "t4": 0.0,
+                                   "fact": -np.inf, "x": 1.0})
+    assert catalog.best(smoothed, mask & catalog.named("What did Bo say?"), 10) == ["t1", "t3"]
+    catalog.remove(["t1", "t3"])  # Bo's last turns: the name leaves the catalog
+    assert not catalog.named("What did Bo say?").any()
+    assert catalog.best(catalog.smoothed(catalog.similarities(np.array([1, 0], np.float32)),
+                                         catalog.allowed(RecallFilters(owner=OWNER)),
+                                         context.smooth),
+                        catalog.turns(), 2) == ["t0", "x"]
