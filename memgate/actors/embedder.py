@@ -96,7 +96,8 @@ class EmbedderActor:
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        router.subscriber(subjects.embed(self.partition, "rank"), max_workers=64)(replying(self.rank))
+        router.subscriber(subjects.embed(self.partition, "rank"),
+                          max_workers=64)(replying(self.rank))
         router.subscriber(subjects.embed(self.partition, "drop"))(replying(self.drop))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
@@ -202,12 +203,12 @@ class EmbedderActor:
         else:
             query = await self._batcher.embed(request.query)
         mask = catalog.allowed(request.filters, request.exclude)
-        if not request.conversation:
+        turns = catalog.turns() if request.conversation else None
+        if turns is None or not turns.any():  # no conversation channel to rank
             ranked = catalog.nearest(query, mask, request.depth)
             return Ranking(memory_ids=ranked,
                            neighbours=catalog.neighbours(ranked, mask, request.neighbours))
         scores = catalog.similarities(query)
-        turns = catalog.turns()
         ranked = catalog.best(scores, mask & ~turns, request.depth)
         smoothed = catalog.smoothed(scores, mask, context.smooth)
         top = float(smoothed.max(initial=-np.inf))

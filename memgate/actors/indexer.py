@@ -108,7 +108,8 @@ class IndexerActor:
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        router.subscriber(subjects.index(self.partition, "rank"), max_workers=64)(replying(self.rank))
+        router.subscriber(subjects.index(self.partition, "rank"),
+                          max_workers=64)(replying(self.rank))
         router.subscriber(subjects.index(self.partition, "drop"))(replying(self.drop))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
