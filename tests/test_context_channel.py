@@ -1,7 +1,7 @@
-"""The conversation channels (issue 12) on real components: a conversation turn is found by the
-words of the turns around it (context), by cosine smoothed along the conversation and by its
-speaker's name; other memories never are, and keep BM25 and cosine; a forgotten turn's words
-leave its neighbours' context documents."""
+"""The conversation channel (issue 12) on real components: a conversation turn is found by the
+words of the turns around it (context) and by cosine smoothed along the conversation; other
+memories never are, and keep BM25 and cosine; a forgotten turn's words leave its neighbours'
+context documents."""
 
 from __future__ import annotations
 
@@ -82,10 +82,10 @@ async def test_forgetting_a_turn_takes_its_words_out_of_its_neighbours_context(
     await agent.close()
 
 
-async def speakers_ranked(agent: Agent) -> set[str]:
-    """The turns the speaker channel ranks for a question naming Bob (once all are embedded)."""
+async def turns_smoothed(agent: Agent) -> set[str]:
+    """The memories the embedder ranks as turns, by smoothed cosine (once all are embedded)."""
     recalled = (await agent.recall("What did Bob bring home?", limit=20)).memories
-    return {m.memory_id for m in recalled if m.ranks.speaker is not None}
+    return {m.memory_id for m in recalled if m.ranks.smoothed is not None}
 
 
 async def test_the_conversation_channels_work_after_a_restart(tmp_path: Path) -> None:
@@ -97,17 +97,16 @@ async def test_the_conversation_channels_work_after_a_restart(tmp_path: Path) ->
         token = await memgate.credential(owner)
         agent = await memgate.agent("bus", token)
         ids = await remember_conversation(agent)
-        bob = {ids[i] for i in (1, 3, 5, 7)}
 
         async def all_embedded() -> bool:
-            return await speakers_ranked(agent) == bob
+            return await turns_smoothed(agent) == set(ids)
 
         await eventually(all_embedded)
         await agent.close()
     async with AsyncExitStack() as stack:
         memgate = await run_memgate(tmp_path, stack)
         agent = await memgate.agent("bus", token)
-        assert await speakers_ranked(agent) == bob
+        assert await turns_smoothed(agent) == set(ids)
         assert ranks(await agent.recall(QUESTION))[ids[3]][1] is not None
         await agent.close()
 
@@ -127,20 +126,19 @@ async def test_turns_are_ranked_by_the_conversation_channels_and_facts_by_the_ot
     await eventually(embedded)
     result = await agent.recall("Bob kitten keys", limit=20)
     recalled = {m.memory_id: m.ranks for m in result.memories}
-    bob = {ids[i] for i in (1, 3, 5, 7)}
-    assert {i for i, r in recalled.items() if r.speaker is not None} == bob
+    assert {i for i, r in recalled.items() if r.conversation is not None} == set(ids)
     assert recalled[ids[3]].context == 1 and recalled[ids[3]].smoothed is not None
     assert all(recalled[i].bm25 is None and recalled[i].cosine is None
                for i in ids if i in recalled), "turns leave the plain channels"
     assert recalled[fact.memory_id].bm25 == 1 and recalled[fact.memory_id].cosine is not None
-    assert recalled[fact.memory_id].speaker is None
+    assert recalled[fact.memory_id].conversation is None
     await agent.close()
 
 
 async def test_a_turn_that_shares_no_word_with_the_query_is_found_by_meaning(
     memgate: Memgate,
 ) -> None:
-    """The cosine channel leaves turns out: the smoothed channel is how a paraphrase finds one."""
+    """The cosine channel leaves turns out: their smoothed cosine is how a paraphrase finds one."""
     agent = await memgate.new_agent("bus")
     ids = await remember_conversation(agent)
 
@@ -150,5 +148,5 @@ async def test_a_turn_that_shares_no_word_with_the_query_is_found_by_meaning(
 
     await eventually(found_by_meaning)
     recalled = (await agent.recall("Did anyone get a new pet?")).memories
-    assert all(m.ranks.context is None and m.ranks.speaker is None for m in recalled)
+    assert all(m.ranks.context is None and m.ranks.conversation is not None for m in recalled)
     await agent.close()

@@ -11,9 +11,9 @@ meaning once its vector exists, by its words at once).
 
 Conversation turns (`policy/context.py`): the catalog marks them, with their speakers, from the
 texts embedded (and, for the vectors of earlier runs, from the texts read when the owner's
-catalog is loaded). A rank request for the conversation channels leaves them out of the cosine
-list and ranks them in two more: cosine smoothed along each namespace's turns, and the turns
-whose speaker the query names.
+catalog is loaded). A rank request for the conversation channel leaves them out of the cosine
+list and ranks them by cosine smoothed along each namespace's turns, raised when the query names
+their speaker, with those scores (the recall actor adds the context channel's).
 """
 
 from __future__ import annotations
@@ -211,11 +211,7 @@ class EmbedderActor:
         scores = catalog.similarities(query)
         ranked = catalog.best(scores, mask & ~turns, request.depth)
         smoothed = catalog.smoothed(scores, mask, context.smooth)
-        top = float(smoothed.max(initial=-np.inf))
-        return Ranking(
-            memory_ids=ranked,
-            neighbours=catalog.neighbours(ranked, mask, request.neighbours),
-            smoothed=catalog.best(smoothed, mask & turns & (smoothed >= top - context.WITHIN),
-                                  request.depth),
-            speaker=catalog.best(smoothed, mask & catalog.named(request.query),
-                                 context.SPEAKERS))
+        smoothed += context.SPEAKER * catalog.named(request.query)
+        return Ranking(memory_ids=ranked,
+                       neighbours=catalog.neighbours(ranked, mask, request.neighbours),
+                       smoothed=catalog.best_scored(smoothed, mask & turns, request.depth))

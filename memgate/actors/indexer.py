@@ -231,13 +231,13 @@ class IndexerActor:
             allowed = [ids[row] for row in np.flatnonzero(mask)]
             blocked = set()
 
-        def search() -> tuple[list[str], list[str]]:
+        def search() -> tuple[list[str], list[tuple[str, float]]]:
             ranked = index.rank(request.query, allowed, request.depth, blocked=blocked,
                                 turns=not request.conversation)
             if not request.context:
                 return ranked, []
             return ranked, index.rank_context(request.query, allowed, request.context,
-                                              blocked=blocked, cut=context.CUT)
+                                              blocked=blocked)
 
         ranked, contextual = await self._serial(search)
         if not request.neighbours:

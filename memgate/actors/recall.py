@@ -8,10 +8,10 @@
    entities the query names in each one's passages (the entity channel);
 3. BM25 from the indexer and cosine from the embedder are asked in parallel, each for its best
    `depth` under the same filters, searched in its own index; both catch up to the newest seq
-   first (read-your-writes). The indexer's reply also carries the context channel (BM25 over
-   conversation turns with the turns around them, `policy/context.py`) when its weight is set;
-   with the smoothed or speaker channel weighted, the conversation channels are on: turns leave
-   the BM25 and cosine lists, and the embedder's reply carries those two channels;
+   first (read-your-writes). With the conversation channel weighted (`policy/context.py`),
+   conversation turns leave the BM25 and cosine lists: the indexer's reply carries their
+   context scores (BM25 over each turn with the turns around it), the embedder's their cosine
+   smoothed along the conversation, and the conversation channel ranks them by both;
 4. the cosine channel has a deadline covering query embedding and scoring, counted from the
    start of the recall: when it passes, the answer goes out without it, `degraded: ["cosine"]`;
    BM25 has a deadline of its own (`degraded: ["bm25"]`);
@@ -44,6 +44,7 @@ from memgate.contracts.internal import (
 from memgate.contracts.registry import Verification
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
+from memgate.policy import context
 from memgate.policy.citations import apply
 from memgate.policy.fusion import Fused, rrf
 from memgate.policy.sequence import Window, widen
@@ -74,7 +75,7 @@ class RecallActor:
                  cosine_deadline_ms: int, bm25_deadline_ms: int, batch: int,
                  depth: int = 100, depth_bm25: int | None = None,
                  weights: Mapping[str, float] | None = None,
-                 sequence: Window | None = None, depth_context: int | None = None) -> None:
+                 sequence: Window | None = None) -> None:
         self._storage = storage
         self._registry = registry
         self._rankers = rankers
@@ -84,11 +85,9 @@ class RecallActor:
         self._depth_bm25 = depth if depth_bm25 is None else min(depth, depth_bm25)
         self._k = rrf_k
         self._weights = dict(weights or {})
-        # the context channel is asked only when it counts (weight 0 or not given: off)
-        counts = self._weights.get("context", 0.0) > 0
-        self._depth_context = 0 if not counts else min(depth, depth_context or depth)
+        # the conversation channel is asked only when it counts (weight 0 or not given: off)
         self._conversation = any(self._weights.get(name, 0.0) > 0
-                                 for name in ("smoothed", "speaker"))
+                                 for name in ("conversation", "context", "smoothed"))
         self._sequence = sequence or Window(width=0)
         self._cosine_deadline = cosine_deadline_ms / 1000
         self._bm25_deadline = bm25_deadline_ms / 1000
@@ -101,15 +100,14 @@ class RecallActor:
                window: int | None, rrf_k: int, cosine_deadline_ms: int, bm25_deadline_ms: int,
                batch: int, depth: int = 100, depth_bm25: int | None = None,
                weights: Mapping[str, float] | None = None,
-               sequence: Window | None = None, depth_context: int | None = None,
-               ) -> RecallActor:
+               sequence: Window | None = None) -> RecallActor:
         """Recall whose collaborators are the other actors over `bus`, with the ONNX model."""
         return cls(storage=BusStorage(bus, partitions=partitions), registry=BusRegistry(bus),
                    rankers=BusRankers(bus, partitions=partitions),
                    embedder=partial(OnnxEmbedder, model, tokenizer), window=window, rrf_k=rrf_k,
                    cosine_deadline_ms=cosine_deadline_ms, bm25_deadline_ms=bm25_deadline_ms,
                    batch=batch, depth=depth, depth_bm25=depth_bm25, weights=weights,
-                   sequence=sequence, depth_context=depth_context)
+                   sequence=sequence)
 
     async def start(self) -> None:
         encoder = await self._thread(self._load)
@@ -157,7 +155,7 @@ class RecallActor:
             # only the memories that match the words lend to their neighbours: the indexer
             # reports the neighbours of its matches
             words = rank.model_copy(update={
-                "depth": self._depth_bm25, "context": self._depth_context,
+                "depth": self._depth_bm25, "context": self._depth if self._conversation else 0,
                 "neighbours": self._sequence.width if self._sequence.on else 0})
             bm25, cosine = await asyncio.gather(
                 within(self._rankers.bm25(words), self._bm25_deadline),
@@ -172,10 +170,13 @@ class RecallActor:
         channels = {"bm25": bm25 and bm25.memory_ids, "cosine": cosine and cosine.memory_ids,
                     "entity": entity}
         degraded = [name for name, ids in channels.items() if ids is None]
-        if bm25 is not None:  # a late indexer or embedder degrades "bm25" or "cosine" alone
-            channels["context"] = bm25.context
-        if cosine is not None:
-            channels |= {"smoothed": cosine.smoothed, "speaker": cosine.speaker}
+        # a late indexer or embedder degrades "bm25" or "cosine" alone
+        parts = {"context": bm25.context if bm25 else [],
+                 "smoothed": cosine.smoothed if cosine else []}
+        channels["conversation"] = context.conversation(parts["context"], parts["smoothed"],
+                                                        self._depth)
+        channels |= {name: [memory_id for memory_id, _ in part]
+                     for name, part in parts.items()}
         fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k, self._weights)
         if bm25 is not None:
             fused = widen(fused, {memory_id: (around.before, around.after)

@@ -59,13 +59,12 @@ class Settings(BaseSettings):
     recall_weight_bm25: float = Field(default=1.0, ge=0)
     recall_weight_cosine: float = Field(default=1.0, ge=0)
     recall_weight_entity: float = Field(default=1.0, ge=0)
-    # The context channel (conversation turns with the turns around them; 0 turns it off), and
-    # how many of its matches are fused (at most recall_depth). Smoothed and speaker: the other
-    # conversation channels (policy/context.py); either weighted, turns leave bm25 and cosine.
-    recall_weight_context: float = Field(default=1.0, ge=0)
-    recall_weight_smoothed: float = Field(default=0.5, ge=0)
-    recall_weight_speaker: float = Field(default=0.25, ge=0)
-    recall_depth_context: int = Field(default=100, ge=1, le=1000)
+    # The conversation channel (policy/context.py; 0 turns it off, and turns stay in bm25 and
+    # cosine): 2, so that a turn first in it weighs what a fact first in both of those does.
+    # Its parts, context and smoothed, are reported in the ranks; weighted, they fuse as well.
+    recall_weight_conversation: float = Field(default=2.0, ge=0)
+    recall_weight_context: float = Field(default=0.0, ge=0)
+    recall_weight_smoothed: float = Field(default=0.0, ge=0)
     # BM25 ids fused (at most recall_depth): matches beyond the first few are mostly noise.
     recall_depth_bm25: int = Field(default=30, ge=1, le=1000)
     # The sequence window over the fused scores (policy/sequence.py); width 0 turns it off.
@@ -103,8 +102,9 @@ class Settings(BaseSettings):
 
     def recall_weights(self) -> dict[str, float]:
         return {"bm25": self.recall_weight_bm25, "cosine": self.recall_weight_cosine,
-                "entity": self.recall_weight_entity, "context": self.recall_weight_context,
-                "smoothed": self.recall_weight_smoothed, "speaker": self.recall_weight_speaker}
+                "entity": self.recall_weight_entity,
+                "conversation": self.recall_weight_conversation,
+                "context": self.recall_weight_context, "smoothed": self.recall_weight_smoothed}
 
     def recall_sequence(self) -> Window:
         return Window(width=self.recall_sequence_width, weight=self.recall_sequence_weight,

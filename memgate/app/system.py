@@ -98,7 +98,6 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                            depth=settings.recall_depth, depth_bm25=settings.recall_depth_bm25,
                            weights=settings.recall_weights(),
                            sequence=settings.recall_sequence(),
-                           depth_context=settings.recall_depth_context,
                            model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
                            batch=settings.embedding_batch),
     ]

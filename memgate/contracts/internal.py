@@ -145,8 +145,8 @@ class RankRequest(Contract):
     vector: list[float] | None = None  # the query's embedding, when the caller has it
     neighbours: int = Field(default=0, ge=0, le=8)  # per listed id, this many each way
     context: int = Field(default=0, ge=0)  # the indexer: the context channel's depth (0: off)
-    # The conversation channels (policy/context.py): conversation turns leave the BM25 and
-    # cosine lists, and the embedder adds the smoothed and speaker channels.
+    # The conversation channel (policy/context.py): conversation turns leave the BM25 and
+    # cosine lists, and the embedder adds their smoothed cosine.
     conversation: bool = False
 
 
@@ -161,9 +161,10 @@ class Neighbours(Contract):
 class Ranking(Contract):
     memory_ids: list[str]  # best first; versions that did not match are absent
     neighbours: dict[str, Neighbours] = Field(default_factory=dict)  # when the request asks
-    context: list[str] = Field(default_factory=list)  # the context channel, when asked
-    smoothed: list[str] = Field(default_factory=list)  # conversation: smoothed cosine
-    speaker: list[str] = Field(default_factory=list)  # conversation: the speakers named
+    # The conversation channel's parts (policy/context.py), (id, score) best first: the
+    # indexer's context BM25 when asked, the embedder's smoothed cosine + speaker bonus.
+    context: list[tuple[str, float]] = Field(default_factory=list)
+    smoothed: list[tuple[str, float]] = Field(default_factory=list)
 
 
 class PrincipalRequest(Contract):

@@ -98,9 +98,10 @@ class Ranks(Contract):
     bm25: int | None = None
     cosine: int | None = None
     entity: int | None = None
+    # the conversation channel and, reported beside it, its two parts (policy/context.py)
+    conversation: int | None = None
     context: int | None = None
     smoothed: int | None = None
-    speaker: int | None = None
 
 
 class RecalledMemory(Memory):

@@ -1,6 +1,7 @@
 """Reciprocal Rank Fusion (SPEC §3.5): score = Σ w_c / (k + rank_c), ranks counted from 1.
 
-Each channel's weight `w_c` is configuration (1 when not given: the plain RRF of the SPEC).
+Each channel's weight `w_c` is configuration (1 when not given: the plain RRF of the SPEC). A
+channel weighted 0 fuses nothing: its ranks are reported for the memories the others fused.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def rrf(rankings: dict[str, list[str]], k: int,
     for channel, ids in rankings.items():
         weight = 1.0 if weights is None else weights.get(channel, 1.0)
         for rank, memory_id in enumerate(ids, start=1):
-            scores[memory_id] = scores.get(memory_id, 0.0) + weight / (k + rank)
             ranks.setdefault(memory_id, {})[channel] = rank
+            if weight:
+                scores[memory_id] = scores.get(memory_id, 0.0) + weight / (k + rank)
     order = sorted(scores, key=lambda memory_id: -scores[memory_id])
     return [Fused(memory_id, scores[memory_id], ranks[memory_id]) for memory_id in order]

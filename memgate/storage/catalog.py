@@ -284,6 +284,11 @@ class Catalog:
 
     def best(self, scores: np.ndarray, mask: np.ndarray, depth: int) -> list[str]:
         """The `depth` rows with the highest `scores` among the allowed ones with vectors."""
+        return [memory_id for memory_id, _ in self.best_scored(scores, mask, depth)]
+
+    def best_scored(self, scores: np.ndarray, mask: np.ndarray,
+                    depth: int) -> list[tuple[str, float]]:
+        """As `best`, with their scores."""
         n = self._n
         eligible = mask & self._c.embedded[:n]
         count = int(eligible.sum())
@@ -293,7 +298,7 @@ class Catalog:
         k = min(depth, count)
         top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
         top = top[np.argsort(-scores[top], kind="stable")]
-        return [self._ids[row] for row in top if eligible[row]]
+        return [(self._ids[row], float(scores[row])) for row in top if eligible[row]]
 
     # --- conversation turns (the embedder's catalog) ---
 

@@ -263,14 +263,11 @@ class OwnerIndex:
 
     def rank_context(self, query: str, allowed: Collection[str] | None = None,
                      depth: int | None = None, *, blocked: Collection[str] = (),
-                     cut: float = 0.0) -> list[str]:
-        """As `rank`, over the turns' context documents, any content word matching; only the
-        matches scoring at least `cut` times the best one."""
+                     ) -> list[tuple[str, float]]:
+        """(id, BM25 score) of the turns whose context documents match `query` (any content
+        word), best first; filtered as `rank`."""
         hits = self._search(self._matching(query, context=True), allowed, depth, blocked)
-        if not hits:
-            return []
-        floor = cut * hits[0][0]
-        return [memory_id for score, memory_id in hits if score >= floor]
+        return [(memory_id, score) for score, memory_id in hits]
 
     def _search(self, matching: tantivy.Query | None, allowed: Collection[str] | None,
                 depth: int | None, blocked: Collection[str]) -> list[tuple[float, str]]:

@@ -1,4 +1,5 @@
-"""Pure policy: authorisation order, entity matching, what a verdict does, rank fusion."""
+"""Pure policy: authorisation order, entity matching, what a verdict does, rank fusion, the
+conversation channel's score."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from memgate.contracts.errors import (
     MemgateError, NonRetainingWorkspaceError,
 )
 from memgate.contracts.registry import Citation, Verification
-from memgate.policy import apply, authorise, cited, names_in, refuse_personal_data, rrf
+from memgate.policy import apply, authorise, cited, context, names_in, refuse_personal_data, rrf
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +81,21 @@ def test_rrf_sums_reciprocal_ranks_and_keeps_first_seen_order_on_ties() -> None:
     assert [f.memory_id for f in fused] == ["a", "b", "c"]
     assert fused[0].score == pytest.approx(1 / 61 + 1 / 62)
     assert fused[0].ranks == {"x": 1, "y": 2}
+
+
+def test_a_channel_weighted_zero_reports_ranks_but_fuses_nothing() -> None:
+    fused = rrf({"x": ["a", "b"], "part": ["c", "b"]}, 60, {"x": 1.0, "part": 0.0})
+    assert [(f.memory_id, f.ranks) for f in fused] == [("a", {"x": 1}),
+                                                        ("b", {"x": 2, "part": 2})]
+    assert fused[1].score == pytest.approx(1 / 62)
+
+
+def test_the_conversation_score_adds_half_the_share_of_the_best_context_score() -> None:
+    words = [("t1", 4.0), ("t4", 2.0), ("t2", 1.0)]  # BM25 over the turns' contexts
+    meaning = [("t2", 0.6), ("t3", 0.5), ("t5", 0.4), ("t1", 0.3)]  # smoothed cosine
+    # t1 0.3 + 0.5 = 0.8; t2 0.6 + 0.125; t4, below the embedder's list, counts its last
+    # score: 0.3 + 0.25; t3 0.5; t5 0.4
+    assert context.conversation(words, meaning, 10) == ["t1", "t2", "t4", "t3", "t5"]
+    assert context.conversation(words, meaning, 2) == ["t1", "t2"]
+    assert context.conversation([], meaning, 10) == ["t2", "t3", "t5", "t1"]
+    assert context.conversation(words, [], 10) == ["t1", "t4", "t2"]

@@ -183,8 +183,8 @@ async def test_the_sequence_window_draws_in_the_neighbours_of_the_best_match() -
         assert [m.score for m in result.memories] == pytest.approx(
             [2 / (K + 1), 1 / (K + 3) + lent, lent, 1 / (K + 2)])
         assert result.memories[2].ranks.model_dump() == {"bm25": None, "cosine": None,
-                                                         "entity": None, "context": None,
-                                                         "smoothed": None, "speaker": None}
+                                                         "entity": None, "conversation": None,
+                                                         "context": None, "smoothed": None}
         assert sorted(r.neighbours for r in world.rankers.requests) == [0, 1]  # BM25 asks
 
 
