@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_the_context_document_is_searched_apart_and_turns_may_be_left_out(
     owner.add([("fact", "the shelter opens at nine"), ("turn", "Bob: we got a kitten")],
               {"turn": "Bob: we got a kitten " * 3 + "Alice: how was the animal shelter?"})
     assert owner.rank("animal shelter") == ["fact"]
-    assert owner.rank_context("animal shelter") == ["turn"]
+    assert [memory_id for memory_id, _ in owner.rank_context("animal shelter")] == ["turn"]
     assert owner.rank("kitten") == ["turn"]
     assert owner.rank("kitten", turns=False) == []
     assert owner.rank("shelter opens", turns=False) == ["fact"]
@@ -135,3 +136,27 @@ def test_only_the_most_recent_owners_keep_a_writer(tmp_path: Path) -> None:
     indexes.owner("ws", "m0")  # the least recent writers close as others are used
     assert [o.writing for o in owners] == [False, False] + [True] * text_index.WRITERS_KEPT
     assert committed_ids(owners[0].root) == committed_ids(owners[1].root) == {"deploy"}
+
+
+def test_owners_used_on_many_threads_at_once_lose_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eviction and writer closing never touch an index another thread is using."""
+    monkeypatch.setattr(text_index, "WRITERS_KEPT", 1)
+    indexes = TextIndexes(tmp_path, open_limit=2)
+
+    def work(owner: str) -> list[list[str]]:
+        found = []
+        for i in range(6):
+            indexes.use("ws", owner, lambda index, i=i: index.add([(f"{owner}-{i}", f"note {i}")]))
+            found.append(indexes.use("ws", owner, lambda index: index.rank("note")))
+        return found
+
+    owners = [f"m{i}" for i in range(6)]
+    with ThreadPoolExecutor(max_workers=len(owners)) as pool:
+        results = dict(zip(owners, pool.map(work, owners), strict=True))
+    for owner, found in results.items():
+        assert [sorted(ids) for ids in found] == [sorted(f"{owner}-{j}" for j in range(i + 1))
+                                                  for i in range(6)]
+    indexes.close()
+    assert committed_ids(tmp_path / "ws__m0") == {f"m0-{j}" for j in range(6)}

@@ -29,8 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -46,6 +50,8 @@ from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.catalog import Catalog
 from memgate.storage.text_index import COMMIT_EVERY_S, OwnerIndex, TextIndexes
 
+R = TypeVar("R")
+
 # Up to this many of an owner's versions that a recall may not see (superseded, other
 # namespaces) are skipped after searching the whole index; more, and the search is restricted
 # to the allowed ids instead (a term-set filter costs ~1.5 ms per 1,000 ids).
@@ -54,6 +60,10 @@ CATALOGS_KEPT = 256  # owners whose catalogs stay in memory (as the open indexes
 # Events handled at most per batch: when the consumer lags, each batch costs two round trips to
 # storage per owner, so bigger batches catch up faster.
 EVENT_BATCH = 256
+# Owners' index work runs on this many threads, each owner's always on the same one (in order):
+# a commit waits ~50 ms on fsync (Tantivy releases the GIL meanwhile), and other owners' adds
+# and searches must not queue behind it. Deferred commits run on a thread of their own.
+THREADS = 4
 
 log = logging.getLogger("memgate.indexer")
 
@@ -64,7 +74,8 @@ class IndexerActor:
         self.name = f"indexer.{partition}"
         self._root = root
         self._bus = bus
-        self._serial = Serial(self.name)
+        self._threads = [Serial(f"{self.name}.{i}") for i in range(THREADS)]
+        self._commits = Serial(f"{self.name}.commit")
         self._indexes: TextIndexes | None = None
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -88,9 +99,11 @@ class IndexerActor:
         if self._committer is not None:
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
+        for thread in self._threads:
+            thread.shutdown()
         if self._indexes is not None:
-            await self._serial(self._indexes.close)
-        self._serial.shutdown()
+            await self._commits(self._indexes.close)
+        self._commits.shutdown()
 
     async def _commit(self) -> None:
         """Commit the added documents as they fall due (`text_index.COMMIT_EVERY_S`)."""
@@ -98,7 +111,7 @@ class IndexerActor:
             await self._added.wait()
             self._added.clear()
             try:
-                wait = await self._serial(self.indexes.commit_due)
+                wait = await self._commits(self.indexes.commit_due)
             except Exception as exc:  # searches still commit first; try again later
                 log.warning("%s: commit failed (%s)", self.name, type(exc).__name__)
                 wait = COMMIT_EVERY_S
@@ -119,11 +132,12 @@ class IndexerActor:
                                         TextsRequest(owner=owner, memory_ids=ids), Texts)
         return {item.memory_id: item.text for item in texts.items}
 
-    def _add(self, owner: Owner, items: list[tuple[str, str]],
-             contexts: dict[str, str]) -> None:
-        """On the serial thread: the owner's index as open now (an earlier lookup may have been
-        closed since, and only the open one may write)."""
-        self.indexes.owner(owner.tenant, owner.subject_id).add(items, contexts)
+    async def _use(self, owner: Owner, work: Callable[[OwnerIndex], R]) -> R:
+        """`work(index)` on the owner's thread, holding the owner's index as open now (an
+        earlier lookup may have been closed since, and only the open one may write)."""
+        thread = self._threads[zlib.crc32(f"{owner.tenant}/{owner.subject_id}".encode())
+                               % THREADS]
+        return await thread(self.indexes.use, owner.tenant, owner.subject_id, work)
 
     async def _contexts(self, owner: Owner, catalog: Catalog, texts: dict[str, str],
                         changed: list[str]) -> dict[str, str]:
@@ -145,8 +159,10 @@ class IndexerActor:
                 for memory_id, sides in around.items()
                 if context.is_turn(texts.get(memory_id, ""))}
 
-    async def _index(self, owner: Owner) -> OwnerIndex:
-        return await self._serial(self.indexes.owner, owner.tenant, owner.subject_id)
+    async def _ids(self, owner: Owner) -> set[str]:
+        """The ids the owner's index holds (a live view)."""
+        ids: set[str] = await self._use(owner, attrgetter("ids"))
+        return ids
 
     async def catch_up(self, owner: Owner, min_seq: int) -> Catalog:
         """The owner's catalog, holding every version up to `min_seq` at least, each one
@@ -168,14 +184,15 @@ class IndexerActor:
         # the catalog takes the rows (the turns' neighbours are found in it) but says it is
         # caught up only once their texts are indexed: a rank that finds the catalog caught up
         # (outside the lock) must find their words too
-        index = await self._index(owner)
-        missing = [i for i in rows.memory_ids if i not in index.ids]
+        indexed = await self._ids(owner)
+        missing = [i for i in rows.memory_ids if i not in indexed]
         catalog.apply(rows, advance=False)
         if missing:
             texts = await self._texts(owner, missing)
             contexts = await self._contexts(owner, catalog, texts, missing)
             changed = [i for i in dict.fromkeys([*missing, *contexts]) if i in texts]
-            await self._serial(self._add, owner, [(i, texts[i]) for i in changed], contexts)
+            items = [(i, texts[i]) for i in changed]
+            await self._use(owner, lambda index: index.add(items, contexts))
             self._added.set()
         catalog.seq = max(catalog.seq, rows.high_seq)
         catalog.loaded = True
@@ -191,8 +208,7 @@ class IndexerActor:
             catalog = self._catalogs.get(owner)
             if catalog is not None:
                 catalog.remove(deleted)
-            index = await self._index(owner)
-            if index.ids.isdisjoint(deleted):
+            if (await self._ids(owner)).isdisjoint(deleted):
                 return
             catalog = await self._catch_up(owner, 0)
             texts = await self._texts(owner, None)
@@ -200,12 +216,13 @@ class IndexerActor:
             # indexes them with their contexts
             kept = [i for i in catalog.ids if i in texts]
             contexts = await self._contexts(owner, catalog, texts, kept)
-            await self._serial(index.rebuild, [(i, texts[i]) for i in kept], contexts)
+            items = [(i, texts[i]) for i in kept]
+            await self._use(owner, lambda index: index.rebuild(items, contexts))
 
     async def drop(self, payload: bytes) -> SubjectCount:
         """For an erasure: the versions gone from the catalog and the index files now."""
         request = parse(Drop, payload)
-        held = (await self._index(request.owner)).ids.intersection(request.memory_ids)
+        held = (await self._ids(request.owner)).intersection(request.memory_ids)
         await self.remove(request.owner, request.memory_ids)
         return SubjectCount(count=len(held))
 
@@ -222,7 +239,6 @@ class IndexerActor:
         mask = catalog.allowed(request.filters, request.exclude)
         ids = catalog.ids
         blocked_rows = np.flatnonzero(~mask)
-        index = await self._index(owner)
         if len(blocked_rows) <= max(request.depth, request.context, SKIP_AT_MOST):
             # search all, skip those
             allowed = None
@@ -231,7 +247,7 @@ class IndexerActor:
             allowed = [ids[row] for row in np.flatnonzero(mask)]
             blocked = set()
 
-        def search() -> tuple[list[str], list[tuple[str, float]]]:
+        def search(index: OwnerIndex) -> tuple[list[str], list[tuple[str, float]]]:
             ranked = index.rank(request.query, allowed, request.depth, blocked=blocked,
                                 turns=not request.conversation)
             if not request.context:
@@ -239,7 +255,7 @@ class IndexerActor:
             return ranked, index.rank_context(request.query, allowed, request.context,
                                               blocked=blocked)
 
-        ranked, contextual = await self._serial(search)
+        ranked, contextual = await self._use(owner, search)
         if not request.neighbours:
             return Ranking(memory_ids=ranked, context=contextual)
         mask = catalog.allowed(request.filters, request.exclude)  # the rows may have changed

@@ -32,10 +32,13 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import tantivy
+
+R = TypeVar("R")
 
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 QUERY_SYNTAX = re.compile(r"[+\-:()\[\]{}\"'^~*?\\/!<>=&|]")
@@ -298,46 +301,91 @@ class OwnerIndex:
 
 class TextIndexes:
     """The owner indexes of one partition, opened on demand and kept in a small LRU (of which
-    the `WRITERS_KEPT` most recently used keep their writers open)."""
+    the `WRITERS_KEPT` most recently used keep their writers open).
+
+    Thread-safe for owners used on different threads (`use`): each index has a lock, held by
+    whoever uses it, so that an index is never closed, committed or evicted while another
+    thread adds to it or searches it. One owner's work must stay on one thread (in order)."""
 
     def __init__(self, root: Path, *, open_limit: int = 256) -> None:
         self._root = root
         self._open: OrderedDict[str, OwnerIndex] = OrderedDict()  # least recent first
+        self._locks: dict[str, threading.Lock] = {}  # per open index: held while in use
         self._limit = open_limit
         self._lock = threading.Lock()  # never two OwnerIndex objects (two writers) for one owner
 
     def owner(self, tenant: str, subject_id: str) -> OwnerIndex:
+        """The owner's index, opened if need be (not held: for one thread's use)."""
+        index, _, unused = self._get(f"{tenant}__{subject_id}")
+        self._close_writers(unused)
+        return index
+
+    def use(self, tenant: str, subject_id: str, work: Callable[[OwnerIndex], R]) -> R:
+        """`work(index)` on the owner's index, holding it meanwhile."""
         name = f"{tenant}__{subject_id}"
+        while True:
+            index, lock, unused = self._get(name)
+            with lock:
+                if self._open.get(name) is index:  # not evicted in between
+                    result = work(index)
+                    break
+        self._close_writers(unused)
+        return result
+
+    def _get(self, name: str) -> tuple[OwnerIndex, threading.Lock, list[OwnerIndex]]:
+        """The index (opened if need be, now the most recent), its lock, and the writers that
+        are no longer among the `WRITERS_KEPT` most recent."""
         with self._lock:
             index = self._open.get(name)
             if index is None:
                 index = self._open[name] = OwnerIndex(self._root / name)
+                self._locks[name] = threading.Lock()
             self._open.move_to_end(name)
-            while len(self._open) > self._limit:
-                self._open.popitem(last=False)[1].close()
+            for old in list(self._open)[: max(len(self._open) - self._limit, 0)]:
+                lock = self._locks[old]
+                if lock.acquire(blocking=False):  # one in use stays open for now
+                    try:
+                        self._open.pop(old).close()
+                        del self._locks[old]
+                    finally:
+                        lock.release()
             writers = [i for i in reversed(self._open.values()) if i.writing]
-            for unused in writers[WRITERS_KEPT:]:
-                unused.close()
-            return index
+            return index, self._locks[name], writers[WRITERS_KEPT:]
+
+    def _close_writers(self, unused: list[OwnerIndex]) -> None:
+        for index in unused:
+            lock = self._locks.get(index.root.name)
+            if lock is not None and lock.acquire(blocking=False):  # in use: closed later
+                try:
+                    index.close()
+                finally:
+                    lock.release()
 
     def commit_due(self) -> float | None:
         """Commit the indexes whose last commit is `COMMIT_EVERY_S` old; the seconds until the
-        next one is due (None: nothing left to commit)."""
+        next one is due (None: nothing left to commit). An index in use is left to its user
+        (a search commits first) and tried again a little later."""
         with self._lock:
-            now = time.monotonic()
-            wait = None
-            for index in self._open.values():
-                if not index.pending:
+            pending = [(index, self._locks[name]) for name, index in self._open.items()
+                       if index.pending]
+        now = time.monotonic()
+        wait = None
+        for index, lock in pending:
+            due = index.committed_at + COMMIT_EVERY_S - now
+            if due <= 0:
+                if lock.acquire(blocking=False):
+                    try:
+                        index.commit()
+                    finally:
+                        lock.release()
                     continue
-                due = index.committed_at + COMMIT_EVERY_S - now
-                if due <= 0:
-                    index.commit()
-                else:
-                    wait = due if wait is None else min(wait, due)
-            return wait
+                due = COMMIT_EVERY_S / 10
+            wait = due if wait is None else min(wait, due)
+        return wait
 
     def close(self) -> None:
         """Commit every index and release every writer."""
         with self._lock:
-            for index in self._open.values():
-                index.close()
+            for name, index in self._open.items():
+                with self._locks[name]:
+                    index.close()
