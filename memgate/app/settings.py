@@ -60,9 +60,8 @@ class Settings(BaseSettings):
     recall_weight_cosine: float = Field(default=1.0, ge=0)
     recall_weight_entity: float = Field(default=1.0, ge=0)
     # The conversation channel (policy/context.py; 0 turns it off, and turns stay in bm25 and
-    # cosine): 2, so that a turn first in it weighs what a fact first in both of those does.
-    # Its parts, context and smoothed, are reported in the ranks; weighted, they fuse as well.
-    recall_weight_conversation: float = Field(default=2.0, ge=0)
+    # cosine). Its parts, context and smoothed, are reported in the ranks; weighted, they fuse.
+    recall_weight_conversation: float = Field(default=1.0, ge=0)
     recall_weight_context: float = Field(default=0.0, ge=0)
     recall_weight_smoothed: float = Field(default=0.0, ge=0)
     # BM25 ids fused (at most recall_depth): matches beyond the first few are mostly noise.
