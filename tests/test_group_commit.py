@@ -107,7 +107,46 @@ def test_a_group_survives_reopening_the_file(tmp_path: Path) -> None:
     assert after.seq > max(s.seq for s in group)  # seq never repeats
     reopened.close()
     with duckdb.connect(str(tmp_path / "m.duckdb")) as db:
-        assert db.execute("SELECT count(*) FROM remember_log").fetchone() == (11,)
+        assert db.execute("SELECT count(*) FROM memories").fetchone() == (11,)
+
+
+def test_the_hourly_limit_counts_forgotten_remembers_across_reopening(tmp_path: Path) -> None:
+    """A remember counts for an hour whether its version still exists or not; a file whose
+    log holds every remember (written before the log kept only the deleted ones) counts each
+    once."""
+    path = tmp_path / "m.duckdb"
+    limits = Limits(remembers_per_hour=6)
+    store = MemoryStore(path)
+    kept = stored(store.remember_group([item(f"n{i}") for i in range(4)], limits))
+    store.delete("w1", "m1", memory_id=kept[0].memory_id, event_subject=SUBJECT,
+                 event=lambda owner, ids: b"{}")
+    store.close()
+    with duckdb.connect(str(path)) as db:  # as a file from before: every remember logged
+        db.execute("INSERT INTO remember_log SELECT credential_id, created_at FROM memories")
+    store = MemoryStore(path)
+    assert len(stored(store.remember_group([item("fifth"), item("sixth")], limits))) == 2
+    [refused] = store.remember_group([item("seventh")], limits)
+    assert isinstance(refused, LimitReachedError) and refused.retry_after is not None
+    [other] = store.remember_group([item("another credential's", credential="c2")], limits)
+    assert isinstance(other, Stored)
+    store.close()
+
+
+def test_seq_stays_above_a_deleted_newest_version_across_reopening(tmp_path: Path) -> None:
+    """Remembers do not write the high-water mark; deleting the newest versions does."""
+    path = tmp_path / "m.duckdb"
+    store = MemoryStore(path)
+    group = stored(store.remember_group([item(f"n{i}") for i in range(5)]))
+    for version in group[2:]:
+        store.delete("w1", "m1", memory_id=version.memory_id, event_subject=SUBJECT,
+                     event=lambda owner, ids: b"{}")
+    used = [s.seq for s in group] + [seq for seq, _, _ in store.pending_events()]
+    store.events_sent(max(used))
+    store.close()
+    store = MemoryStore(path)
+    [after] = stored(store.remember_group([item("after")]))
+    assert after.seq > max(used)
+    store.close()
 
 
 async def test_what_arrives_during_a_commit_shares_the_next_one() -> None:

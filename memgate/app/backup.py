@@ -269,7 +269,8 @@ def _announce(writer: backup.Restorer, tables: dict[tuple[str, str], backup.Tabl
             continue
         partition = Path(file).parent.name
         db = writer.db(file)
-        outbox.create(db)
+        highest = db.execute("SELECT coalesce(max(seq), 0) FROM memories").fetchone()
+        outbox.create(db, floor=highest[0] if highest else 0)  # numbers above every version's
         newest = db.execute(
             "SELECT tenant, subject_id, arg_max(memory_id, seq), max(seq) FROM memories "
             "GROUP BY tenant, subject_id").fetchall()

@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS memories (
     legal_hold     BOOLEAN   NOT NULL,
     citations      VARCHAR   DEFAULT '[]'  -- JSON: passage, document, version, sha256
 );
-CREATE TABLE IF NOT EXISTS remember_log (  -- for the hourly rate limit; forget does not erase it
+-- The hourly rate limit counts a credential's remembers of the last hour: its versions created
+-- in it, and these, the versions of it that were deleted since (forget does not erase a remember).
+CREATE TABLE IF NOT EXISTS remember_log (
     credential_id VARCHAR   NOT NULL,
     remembered_at TIMESTAMP NOT NULL
 );
@@ -101,7 +103,14 @@ class MemoryStore:
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
                          "DEFAULT '[]'")  # data directories from before citations
         highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")
-        outbox.create(self._db, floor=highest)  # seq never repeats: events' ids come from it
+        # seq never repeats (events' ids come from it). A remember does not persist the mark:
+        # its version carries its seq; a deletion, which may take the highest, persists it.
+        self._high = outbox.create(self._db, floor=highest)
+        hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
+        self._db.execute(  # files from before: the log also held the remembers that still exist
+            "DELETE FROM remember_log WHERE remembered_at <= ? OR EXISTS (SELECT 1 FROM memories m "
+            "WHERE m.credential_id = remember_log.credential_id "
+            "AND m.created_at = remember_log.remembered_at)", [hour_ago])
         self._unsent = outbox.Unsent()
         self._mirror = Recent(floor=int(highest))  # no version above the newest yet
         compaction.create(self._db)
@@ -185,6 +194,7 @@ class MemoryStore:
             self._window[credential].append(created)
             self._counted[owner] += 1
         if written is not None:
+            self._high = max(self._high, written.versions[-1].seq)
             self._mirror.committed(written.versions, written.superseded)
             self._unsent.committed(written.events)
         return outcomes
@@ -202,9 +212,11 @@ class MemoryStore:
         if missing := [c for c in credentials if c not in self._window]:
             self._window.update((c, deque()) for c in missing)
             for credential, instant in self._db.execute(
-                    "SELECT credential_id, remembered_at FROM remember_log WHERE remembered_at > ? "
-                    "AND list_contains(?, credential_id) ORDER BY remembered_at",
-                    [hour_ago, missing]).fetchall():
+                    "SELECT credential_id, created_at FROM memories WHERE created_at > ? "
+                    "AND list_contains(?, credential_id) UNION ALL SELECT credential_id, "
+                    "remembered_at FROM remember_log WHERE remembered_at > ? "
+                    "AND list_contains(?, credential_id) ORDER BY 2",
+                    [hour_ago, missing, hour_ago, missing]).fetchall():
                 self._window[credential].append(instant)
         recent: dict[str, tuple[int, datetime | None]] = {}
         for credential in credentials:
@@ -254,7 +266,7 @@ class MemoryStore:
                 outcomes.append(None)
         if not accepted:
             return [o for o in outcomes if o is not None], [], None
-        first = outbox.next_seqs(db, len(accepted))
+        first = self._high + 1  # the mark moves once committed (`remember_group`)
         superseded_at: list[datetime | None] = [None] * len(accepted)
         superseding = [0] * len(accepted)
         newest: dict[tuple[str, str, str, str], int] = {}  # key → its latest accepted item
@@ -274,7 +286,6 @@ class MemoryStore:
              json.dumps(list(item.citations)), item.event_subject, item.event(first + position))
             for position, (_, item, created) in enumerate(accepted)]
         _insert(db, _MEMORIES, [row[:14] for row in rows])
-        _insert(db, _REMEMBER_LOG, [(row[4], row[10]) for row in rows])
         events = [(row[1], row[14], row[15]) for row in rows]
         _insert(db, _OUTBOX, events)
         for position, (index, item, created) in enumerate(accepted):
@@ -479,28 +490,39 @@ class MemoryStore:
         derived from a deleted one (`derived_from`, in its tenant, to the end of the chain;
         legal holds kept); one event per owner; the file marked for compaction."""
         db = self._db
+        hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
+        returning = "RETURNING tenant, subject_id, memory_id, credential_id, created_at"
         with transaction(db):
-            rows = db.execute(f"DELETE FROM memories WHERE {where} "
-                              "RETURNING tenant, subject_id, memory_id", params).fetchall()
-            sources = rows
+            deleted_rows = db.execute(f"DELETE FROM memories WHERE {where} {returning}",
+                                      params).fetchall()
+            sources = deleted_rows
             while sources:  # per tenant: list_has_any is ~10x cheaper than a correlated join
                 by_tenant: dict[str, list[str]] = {}
-                for tenant, _, deleted in sources:
+                for tenant, _, deleted, _, _ in sources:
                     by_tenant.setdefault(tenant, []).append(deleted)
                 sources = [row for tenant, ids in by_tenant.items() for row in db.execute(
                     "DELETE FROM memories WHERE legal_hold = false AND tenant = ? "
-                    "AND list_has_any(derived_from, ?) RETURNING tenant, subject_id, memory_id",
-                    [tenant, ids]).fetchall()]
-                rows += sources
+                    f"AND list_has_any(derived_from, ?) {returning}", [tenant, ids]).fetchall()]
+                deleted_rows += sources
+            rows = [(tenant, owner, deleted) for tenant, owner, deleted, _, _ in deleted_rows]
+            if counted := [(credential, created) for *_, credential, created in deleted_rows
+                           if created > hour_ago]:  # the rate limit still counts them
+                _insert(db, _REMEMBER_LOG, counted)
             by_owner: dict[tuple[str, str], list[str]] = {}
             for tenant, owner, deleted in rows:
                 by_owner.setdefault((tenant, owner), []).append(deleted)
             events: outbox.Pending = []
+            high = self._high
             for (tenant, owner), ids in by_owner.items():
+                high += 1
                 payload = event(tenant, owner, ids)
-                events.append((outbox.queue(db, event_subject, payload), event_subject, payload))
+                events.append((high, event_subject, payload))
+            if events:  # the versions deleted may have carried the highest seq: persist it
+                _insert(db, _OUTBOX, events)
+                outbox.mark(db, high)
             if rows:
                 compaction.mark(db)
+        self._high = high
         self._mirror.deleted(rows)
         self._unsent.committed(events)
         for owner_key, ids in by_owner.items():

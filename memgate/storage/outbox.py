@@ -1,8 +1,10 @@
 """An outbox in a DuckDB file: events written in the same transaction as the change they announce.
 
-Each event gets a sequence number from a persisted high-water mark, so a number is never handed
+Each event gets a sequence number above a persisted high-water mark, so a number is never handed
 out twice in the file's life, even after the newest rows (and their events) are deleted: the
-number is the event's `Nats-Msg-Id`, and JetStream drops an id it has seen as a duplicate.
+number is the event's `Nats-Msg-Id`, and JetStream drops an id it has seen as a duplicate. A
+writer whose rows carry their numbers may persist the mark only when it deletes rows (`mark`):
+at open, the mark is raised to the highest number its rows and the outbox still show (`create`).
 """
 
 from __future__ import annotations
@@ -32,14 +34,26 @@ DELETE_EVERY = 256
 MIRRORED = 10_000
 
 
-def create(db: duckdb.DuckDBPyConnection, *, floor: int = 0) -> None:
-    """Create the tables; a file from before the high-water mark starts it at `floor` (the
-    highest number its rows still show)."""
+def create(db: duckdb.DuckDBPyConnection, *, floor: int = 0) -> int:
+    """Create the tables, the high-water mark raised to `floor` (the highest number the
+    caller's rows show) and to the outbox's; the mark."""
     db.execute(SCHEMA)
-    row = db.execute("SELECT count(*) FROM sequence").fetchone()
-    if row is None or row[0] == 0:
-        queued = db.execute("SELECT coalesce(max(seq), 0) FROM outbox").fetchone()
-        db.execute("INSERT INTO sequence VALUES (?)", [max(floor, queued[0] if queued else 0)])
+    queued = db.execute("SELECT coalesce(max(seq), 0) FROM outbox").fetchone()
+    high = max(floor, queued[0] if queued else 0)
+    row = db.execute("SELECT max(last) FROM sequence").fetchone()
+    last = None if row is None else row[0]
+    if last is None:
+        db.execute("INSERT INTO sequence VALUES (?)", [high])
+    elif last < high:
+        db.execute("UPDATE sequence SET last = ?", [high])
+    return max(high, last or 0)
+
+
+def mark(db: duckdb.DuckDBPyConnection, high: int) -> None:
+    """Persist `high` as the highest number handed out (inside the caller's transaction), for
+    a writer that numbers its rows itself and persists the mark only when rows carrying
+    numbers are deleted (see `MemoryStore`)."""
+    db.execute("UPDATE sequence SET last = greatest(last, ?)", [high])
 
 
 def next_seq(db: duckdb.DuckDBPyConnection) -> int:
