@@ -6,8 +6,10 @@ from memgate.bus.replies import (
     NatsRouter, decode_reply, ok_bytes, parse, replying, validation_failure,
 )
 from memgate.bus.server import EmbeddedNats, nats_server_binary
+from memgate.bus.serving import RoutesBroker
 
 __all__ = [
     "BusClient", "EmbeddedNats", "NatsRouter", "MemgateClient", "decode_reply",
-    "nats_server_binary", "ok_bytes", "parse", "replying", "subjects", "validation_failure",
+    "RoutesBroker", "nats_server_binary", "ok_bytes", "parse", "replying", "subjects",
+    "validation_failure",
 ]

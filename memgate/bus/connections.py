@@ -12,6 +12,7 @@ from faststream.security import SASLPlaintext
 from nats.aio.client import Client as NatsClient
 
 from memgate.bus.client import BusClient
+from memgate.bus.serving import RoutesBroker
 from memgate.bus.streams import EventPublisher
 
 log = logging.getLogger("memgate.bus")
@@ -55,17 +56,18 @@ class KindConnections:
         stack.push_async_callback(nc.drain)
 
     def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
-        """A faststream broker for the subjects `kind` serves, on that kind's login.
+        """A broker for the subjects `kind` serves, on that kind's login: request/reply subjects
+        on raw nats-py subscriptions (`RoutesBroker`), anything else through faststream.
 
         Without FastDepends (`apply_types=False`): `replying` handlers take the raw message and
         parse it with their own model, so per-message argument models are pure overhead."""
         login = self._bus.login(kind)
         security = (SASLPlaintext(username=login["user"], password=login["password"])
                     if "user" in login else None)
-        return NatsBroker(self._bus.url, logger=None, apply_types=False,
-                          graceful_timeout=graceful_timeout,
-                          security=security, name=f"memgate-{kind}-routes",
-                          error_cb=_nats_error(kind))
+        return RoutesBroker(self._bus.url, logger=None, apply_types=False,
+                            graceful_timeout=graceful_timeout,
+                            security=security, name=f"memgate-{kind}-routes",
+                            error_cb=_nats_error(kind))
 
 
 def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import faststream.nats
-from faststream.nats import NatsMessage
+from faststream.nats import NatsMessage, NatsRoute
 from pydantic import ValidationError
 
 from memgate.contracts import REPLY, Contract, Failure, MemgateError, error_for
@@ -85,23 +86,63 @@ async def undecoded(msg: NatsMessage) -> NatsMessage:
     return msg
 
 
+@dataclass(frozen=True)
+class ReplyRoute:
+    """A request/reply subject and the `bytes -> Contract` handler that answers it."""
+
+    subject: str
+    queue: str
+    max_workers: int
+    handler: Handler
+
+
+REPLIES = "__memgate_replies__"  # the attribute by which a `replying` adapter names its handler
+
+
 class NatsRouter(faststream.nats.NatsRouter):
-    """faststream's router for `replying` handlers."""
+    """faststream's router for `replying` handlers, which also keeps what was registered.
+
+    A plain `NatsBroker` (the in-memory `TestNatsBroker` too) serves every route through
+    faststream. `RoutesBroker` (what `memgate up` runs) takes the `replies` instead and serves
+    them on raw nats-py subscriptions, and only the `others` through faststream."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(decoder=undecoded, **options)
+        self.replies: list[ReplyRoute] = []
+        self.others: list[NatsRoute] = []
+
+    def subscriber(  # type: ignore[override]
+        self, subject: str = "", queue: str = "", *, max_workers: int | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[..., Any]], Any]:
+        """`router.subscriber(subject, queue=..., max_workers=N)(handler)`, as faststream's;
+        `max_workers` bounds how many messages are handled at once (default one)."""
+        register = super().subscriber(subject, queue, max_workers=max_workers, **options)
+
+        def decorate(call: Callable[..., Any]) -> Any:
+            handler: Handler | None = getattr(call, REPLIES, None)
+            if handler is not None and not options:
+                self.replies.append(ReplyRoute(subject, queue, max_workers or 1, handler))
+            else:
+                self.others.append(NatsRoute(call, subject, queue=queue,
+                                             max_workers=max_workers, **options))
+            return register(call)
+
+        return decorate
 
 
 def replying(handler: Handler) -> NatsHandler:
     """Adapt `bytes -> Contract` into a faststream handler whose reply is `Ok` or `Failure`.
 
     Its one parameter is plain (`Any`): a `NatsMessage` one would be resolved as a context
-    field, on a worker thread, for every message. `NatsRouter`'s decoder hands it over."""
+    field, on a worker thread, for every message. `NatsRouter`'s decoder hands it over. The
+    handler itself stays reachable (`REPLIES`) for `RoutesBroker`'s raw subscriptions."""
 
     async def handle(msg: Any) -> bytes:
         return await reply_to(handler, msg.body, msg.raw_message.subject)
 
     handle.__name__ = getattr(handler, "__name__", "handle")
+    setattr(handle, REPLIES, handler)
     return handle
 
 

@@ -1,0 +1,207 @@
+"""Request/reply subjects served on raw nats-py subscriptions (`RoutesBroker`), on a real
+nats-server: the same reply bytes as faststream's subscribers, queue groups, bounded concurrency,
+arrival order with one worker, graceful drain, and faststream for everything else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.errors import NoRespondersError
+
+from memgate.bus import EmbeddedNats, NatsRouter, decode_reply, parse, replying
+from memgate.bus.connections import NatsBroker
+from memgate.bus.replies import reply_to
+from memgate.bus.serving import RoutesBroker
+from memgate.contracts.errors import NotFoundError
+from memgate.contracts.internal import Ready
+from memgate.runtime.actor import ready_route
+
+SECRET = "the text of a memory"
+WAIT_S = 10.0
+
+
+@pytest.fixture
+async def url(tmp_path: Path) -> AsyncIterator[str]:
+    async with EmbeddedNats(tmp_path) as server:
+        yield server.url
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[AsyncExitStack]:
+    async with AsyncExitStack() as stack:
+        yield stack
+
+
+async def client(url: str, stack: AsyncExitStack) -> Any:
+    nc = await nats.connect(url)
+    stack.push_async_callback(nc.close)
+    return nc
+
+
+async def serve(url: str, router: NatsRouter, stack: AsyncExitStack,
+                broker_type: type[NatsBroker] = RoutesBroker) -> NatsBroker:
+    broker = broker_type(url, logger=None, apply_types=False, graceful_timeout=WAIT_S)
+    broker.include_router(router)
+    await broker.start()
+    stack.push_async_callback(broker.stop)
+    await broker.connection.flush()
+    return broker
+
+
+async def echo(payload: bytes) -> Ready:
+    ready = parse(Ready, payload)
+    if ready.actor == "missing":
+        raise NotFoundError("no such thing", {"id": "m-1"})
+    if ready.actor == "bug":
+        raise RuntimeError(SECRET)
+    return ready
+
+
+@pytest.mark.parametrize("actor", ["echo", "missing", "bug", "{not json"])
+async def test_replies_are_the_bytes_reply_to_produces_and_faststream_sent(
+        url: str, stack: AsyncExitStack, actor: str, caplog: pytest.LogCaptureFixture) -> None:
+    raw, routed = NatsRouter(), NatsRouter()
+    raw.subscriber("t.raw")(replying(echo))
+    routed.subscriber("t.faststream")(replying(echo))
+    await serve(url, raw, stack)
+    await serve(url, routed, stack, NatsBroker)
+    nc = await client(url, stack)
+    payload = actor.encode() if actor.startswith("{") else Ready(actor=actor).to_json()
+
+    with caplog.at_level(logging.INFO):
+        answer = await nc.request("t.raw", payload, timeout=WAIT_S)
+        before = await nc.request("t.faststream", payload, timeout=WAIT_S)
+
+    assert answer.data == before.data == await reply_to(echo, payload, "t.raw")
+    assert SECRET not in caplog.text
+
+
+async def test_a_queue_group_hands_each_request_to_one_of_its_members(
+        url: str, stack: AsyncExitStack) -> None:
+    handled: dict[str, list[str]] = {"a": [], "b": []}
+    for member in handled:
+        async def handle(payload: bytes, member: str = member) -> Ready:
+            handled[member].append(parse(Ready, payload).actor)
+            return Ready(actor=member)
+
+        router = NatsRouter()
+        router.subscriber("t.queue", queue="q", max_workers=8)(replying(handle))
+        await serve(url, router, stack)
+    nc = await client(url, stack)
+
+    await asyncio.gather(*(nc.request("t.queue", Ready(actor=str(i)).to_json(), timeout=WAIT_S)
+                           for i in range(200)))
+
+    assert sorted(handled["a"] + handled["b"], key=int) == [str(i) for i in range(200)]
+    assert handled["a"] and handled["b"]
+
+
+async def test_one_worker_handles_requests_one_at_a_time_in_arrival_order(
+        url: str, stack: AsyncExitStack) -> None:
+    running, most, order = 0, 0, []
+
+    async def handle(payload: bytes) -> Ready:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0)  # let any other handler of the subject start, were it allowed to
+        order.append(parse(Ready, payload).actor)
+        running -= 1
+        return Ready(actor="ok")
+
+    router = NatsRouter()
+    router.subscriber("t.serial")(replying(handle))
+    await serve(url, router, stack)
+    nc = await client(url, stack)
+
+    await asyncio.gather(*(nc.request("t.serial", Ready(actor=str(i)).to_json(), timeout=WAIT_S)
+                           for i in range(50)))
+
+    assert most == 1
+    assert order == [str(i) for i in range(50)]
+
+
+async def test_max_workers_bounds_how_many_requests_are_handled_at_once(
+        url: str, stack: AsyncExitStack) -> None:
+    running, most = 0, 0
+    full, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(payload: bytes) -> Ready:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        if running == 4:
+            full.set()
+        await release.wait()
+        running -= 1
+        return Ready(actor="ok")
+
+    router = NatsRouter()
+    router.subscriber("t.bounded", max_workers=4)(replying(handle))
+    broker = await serve(url, router, stack)
+    nc = await client(url, stack)
+
+    requests = asyncio.gather(*(nc.request("t.bounded", b'{"actor":"x"}', timeout=WAIT_S)
+                                for _ in range(12)))
+    await asyncio.wait_for(full.wait(), WAIT_S)
+    await nc.flush()  # every request has reached the server,
+    await broker.connection.flush()  # and the serving connection has read what it was sent
+    release.set()
+    answers = await requests
+
+    assert most == 4
+    assert len(answers) == 12
+
+
+async def test_stop_answers_the_requests_already_received_then_takes_no_more(
+        url: str, stack: AsyncExitStack) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(payload: bytes) -> Ready:
+        started.set()
+        await release.wait()
+        return Ready(actor="done")
+
+    router = NatsRouter()
+    router.subscriber("t.drain", max_workers=2)(replying(handle))
+    broker = await serve(url, router, stack)
+    nc = await client(url, stack)
+    request = asyncio.create_task(nc.request("t.drain", b'{"actor":"x"}', timeout=WAIT_S))
+    await asyncio.wait_for(started.wait(), WAIT_S)
+
+    stopping = asyncio.create_task(broker.stop())
+    await nc.flush()
+    assert not stopping.done()
+    release.set()
+
+    assert decode_reply((await request).data, Ready).actor == "done"
+    await asyncio.wait_for(stopping, WAIT_S)
+    with pytest.raises(NoRespondersError):
+        await nc.request("t.drain", b'{"actor":"x"}', timeout=WAIT_S)
+
+
+async def test_events_and_ready_routes_on_the_same_router_are_served(
+        url: str, stack: AsyncExitStack) -> None:
+    heard = asyncio.Event()
+
+    async def changed(payload: Any) -> None:
+        heard.set()
+
+    router = NatsRouter()
+    router.subscriber("t.changed")(changed)
+    ready_route(router, "t.ready", "tester")
+    await serve(url, router, stack)
+    nc = await client(url, stack)
+
+    answer = await nc.request("t.ready", b"{}", timeout=WAIT_S)
+    await nc.publish("t.changed", b"{}")
+
+    assert answer.data == b'{"v":1,"ok":true,"result":{"actor":"tester"}}'
+    await asyncio.wait_for(heard.wait(), WAIT_S)
