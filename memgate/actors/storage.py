@@ -23,7 +23,7 @@ from memgate.runtime.compaction import Compactions
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Consumers, Publisher
-from memgate.bus.streams import OutboxRelay
+from memgate.bus.streams import OutboxRelay, Pending
 from memgate.contracts import (
     Contract, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
 )
@@ -86,10 +86,20 @@ class StorageActor:
         self._events_subject = subjects.memory_events(partition)
         self._store: MemoryStore | None = None
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
-        self._relay = OutboxRelay(
-            publisher, prefix=partition,
-            pending=lambda: self._serial(self.store.pending_events),
-            sent=lambda seq: self._serial(self.store.events_sent, seq))
+        self._relay = OutboxRelay(publisher, prefix=partition, pending=self._pending_events,
+                                  sent=self._events_sent)
+
+    # Answers the in-memory mirror holds are given on the event loop (`MemoryStore.known_*`):
+    # a hop to the writer's thread costs more than they do, and would wait behind a commit.
+
+    async def _pending_events(self) -> Pending:
+        if (known := self.store.known_pending_events()) is not None:
+            return known
+        return await self._serial(self.store.pending_events)
+
+    async def _events_sent(self, up_to_seq: int) -> None:
+        if self.store.known_events_sent(up_to_seq):  # a batch of sent rows to delete
+            await self._serial(self.store.events_sent, up_to_seq)
 
     @property
     def store(self) -> MemoryStore:
@@ -199,6 +209,9 @@ class StorageActor:
         """For recall, before ranking: the owner's newest seq, how many versions the filters
         allow, and the citing ones among them (to verify). Ids and citations, never text."""
         filters = parse(RecallFilters, payload)
+        owner = filters.owner
+        if (known := self.store.known_scope(owner.tenant, owner.subject_id)) is not None:
+            return RecallScope(high_seq=known, total=None, cited={})
         high, total, cited = await self._serial(lambda: self.store.recall_scope(
             self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
             window=filters.window))
@@ -210,9 +223,12 @@ class StorageActor:
         """The ranked head of a recall: those of the ids that still exist and still match."""
         request = parse(RowsRequest, payload)
         filters = request.filters
-        rows = await self._serial(lambda: self.store.rows(
-            self._recall_filters(filters), as_of=filters.as_of or datetime.now(UTC),
-            memory_ids=request.memory_ids))
+        as_of = filters.as_of or datetime.now(UTC)
+        rows = self.store.known_rows(self._recall_filters(filters), as_of=as_of,
+                                     memory_ids=request.memory_ids)
+        if rows is None:
+            rows = await self._serial(lambda: self.store.rows(
+                self._recall_filters(filters), as_of=as_of, memory_ids=request.memory_ids))
         return Rows(memories=[memory_of(r) for r in rows])
 
     async def catalog(self, payload: bytes) -> CatalogRows:
@@ -225,7 +241,8 @@ class StorageActor:
             return (self.store.high_seq(owner.tenant, owner.subject_id),
                     self.store.catalog(owner.tenant, owner.subject_id, request.after_seq))
 
-        high, rows = await self._serial(read)
+        known = self.store.known_catalog(owner.tenant, owner.subject_id, request.after_seq)
+        high, rows = known if known is not None else await self._serial(read)
         columns = list(zip(*rows, strict=True)) if rows else [()] * 8
         return CatalogRows(
             high_seq=high, memory_ids=list(columns[0]), seqs=list(columns[1]),
@@ -342,6 +359,10 @@ class StorageActor:
     async def texts(self, payload: bytes) -> Texts:
         """Masked texts for the indexer and embedder, which keep none of their own copies."""
         request = parse(TextsRequest, payload)
-        rows = await self._serial(lambda: self.store.texts(
-            request.owner.tenant, request.owner.subject_id, request.memory_ids))
+        owner = request.owner
+        rows = None if request.memory_ids is None else self.store.known_texts(
+            owner.tenant, owner.subject_id, request.memory_ids)
+        if rows is None:
+            rows = await self._serial(lambda: self.store.texts(
+                owner.tenant, owner.subject_id, request.memory_ids))
         return Texts(items=[OwnedText(memory_id=i, text=t) for i, t in rows])

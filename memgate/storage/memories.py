@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -93,7 +94,9 @@ def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
 
 
 class MemoryStore:
-    """Synchronous DuckDB access; the storage actor serialises calls onto one thread."""
+    """Synchronous DuckDB access; the storage actor serialises calls onto one thread (the
+    writer's). The `known_*` methods answer from the in-memory mirror alone, from any thread,
+    or return None when the answer needs the file."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +116,7 @@ class MemoryStore:
             "AND m.created_at = remember_log.remembered_at)", [hour_ago])
         self._unsent = outbox.Unsent()
         self._mirror = Recent(floor=int(highest))  # no version above the newest yet
+        self._lock = threading.Lock()  # the mirror: written by the writer, read from any thread
         compaction.create(self._db)
         # Rows deleted since the file was last rewritten (read by the owner's event loop).
         self.deletions_pending = compaction.pending(self._db)
@@ -195,8 +199,9 @@ class MemoryStore:
             self._counted[owner] += 1
         if written is not None:
             self._high = max(self._high, written.versions[-1].seq)
-            self._mirror.committed(written.versions, written.superseded)
-            self._unsent.committed(written.events)
+            with self._lock:
+                self._mirror.committed(written.versions, written.superseded)
+            self._unsent.committed(written.events)  # after the mirror: an event's reader finds it
         return outcomes
 
     def _recent(self, credentials: list[str],
@@ -361,19 +366,33 @@ class MemoryStore:
     def high_seq(self, tenant: str, subject_id: str) -> int:
         """The seq of the owner's newest version (0: none). Channels that have applied it have
         every version the owner has."""
-        if (high := self._mirror.high((tenant, subject_id))) is None:
+        with self._lock:
+            high = self._mirror.high((tenant, subject_id))
+        if high is None:
             high = int(self._one("SELECT coalesce(max(seq), 0) FROM memories "
                                  "WHERE tenant = ? AND subject_id = ?", [tenant, subject_id])[0])
-            self._mirror.learn((tenant, subject_id), high=high)
+            with self._lock:
+                self._mirror.learn((tenant, subject_id), high=high)
         return high
 
     def _citing(self, tenant: str, subject_id: str) -> int:
         """How many of the owner's versions cite something."""
-        if (citing := self._mirror.citing((tenant, subject_id))) is None:
+        with self._lock:
+            citing = self._mirror.citing((tenant, subject_id))
+        if citing is None:
             citing = int(self._one("SELECT count(*) FROM memories WHERE tenant = ? AND "
                                    "subject_id = ? AND citations <> '[]'", [tenant, subject_id])[0])
-            self._mirror.learn((tenant, subject_id), citing=citing)
+            with self._lock:
+                self._mirror.learn((tenant, subject_id), citing=citing)
         return citing
+
+    def known_scope(self, tenant: str, subject_id: str) -> int | None:
+        """`recall_scope`'s answer when the owner's versions cite nothing (its newest seq),
+        from memory; None when that needs the file."""
+        with self._lock:
+            if self._mirror.citing((tenant, subject_id)) != 0:
+                return None
+            return self._mirror.high((tenant, subject_id))
 
     def recall_scope(self, filters: Filters, *, as_of: datetime,
                      window: int | None) -> tuple[int, int | None, list[tuple[str, str]]]:
@@ -400,39 +419,73 @@ class MemoryStore:
 
     def rows(self, filters: Filters, *, as_of: datetime, memory_ids: list[str]) -> list[Row]:
         """Those of `memory_ids` that exist and that the filters allow at `as_of`."""
-        owner = (filters.tenant, filters.subject_id)
-        known: list[Version] = []
-        unknown: list[str] = []
-        for memory_id in memory_ids:
-            version = self._mirror.get(memory_id)
-            if version is None:
-                unknown.append(memory_id)
-            elif version.owner == owner:  # another owner's: not allowed, whatever the filters
-                known.append(version)
-        instant = naive(as_of)
-        found = [row_of(v) for v in known if allows(filters, instant, v)]
+        found, unknown = self._known_rows(filters, naive(as_of), memory_ids)
         if unknown:
             where, params = self._where(filters, as_of)
             read = [Version(r[0], r[1], filters.tenant, filters.subject_id, *r[2:])
                     for r in self._db.execute(
                         f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = ANY(?)",
                         [*params, unknown]).fetchall()]
-            self._mirror.read(read)  # as read: the filters hid no held version among them
+            with self._lock:
+                self._mirror.read(read)  # as read: the filters hid no held version among them
             found += [row_of(v) for v in read]
         return found
+
+    def known_rows(self, filters: Filters, *, as_of: datetime,
+                   memory_ids: list[str]) -> list[Row] | None:
+        """`rows`, from memory; None when some of the ids are not held there."""
+        found, unknown = self._known_rows(filters, naive(as_of), memory_ids)
+        return None if unknown else found
+
+    def _known_rows(self, filters: Filters, instant: datetime,
+                    memory_ids: list[str]) -> tuple[list[Row], list[str]]:
+        owner = (filters.tenant, filters.subject_id)
+        found: list[Row] = []
+        unknown: list[str] = []
+        with self._lock:
+            for memory_id in memory_ids:
+                version = self._mirror.get(memory_id)
+                if version is None:
+                    unknown.append(memory_id)
+                # another owner's is not allowed, whatever the filters
+                elif version.owner == owner and allows(filters, instant, version):
+                    found.append(row_of(version))
+        return found, unknown
 
     def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
         """The owner's versions above `after_seq`, oldest first, without text: (memory_id,
         seq, namespace, key, collection_id, created_at, superseded_at, legal_hold)."""
-        if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
-            return [(v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-                     v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
-                    for v in held]
+        if (held := self._known_catalog(tenant, subject_id, after_seq)) is not None:
+            return held
         rows = self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
             "legal_hold FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
             "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
         return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), r[7]) for r in rows]
+
+    def _known_catalog(self, tenant: str, subject_id: str,
+                       after_seq: int) -> list[tuple[Any, ...]] | None:
+        with self._lock:
+            return self._known_catalog_locked(tenant, subject_id, after_seq)
+
+    def _known_catalog_locked(self, tenant: str, subject_id: str,
+                              after_seq: int) -> list[tuple[Any, ...]] | None:
+        if (held := self._mirror.above((tenant, subject_id), after_seq)) is None:
+            return None
+        return [(v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
+                 v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
+                for v in held]
+
+    def known_catalog(self, tenant: str, subject_id: str,
+                      after_seq: int) -> tuple[int, list[tuple[Any, ...]]] | None:
+        """(`high_seq`, `catalog`) from memory, as of one instant; None when either needs the
+        file."""
+        with self._lock:  # one instant for both
+            high = self._mirror.high((tenant, subject_id))
+            if high is None:
+                return None
+            held = self._known_catalog_locked(tenant, subject_id, after_seq)
+        return None if held is None else (high, held)
 
     def held_by(self, tenant: str, subject_id: str,
                 namespaces: list[str] | None = None) -> list[str]:
@@ -523,7 +576,8 @@ class MemoryStore:
             if rows:
                 compaction.mark(db)
         self._high = high
-        self._mirror.deleted(rows)
+        with self._lock:
+            self._mirror.deleted(rows)
         self._unsent.committed(events)
         for owner_key, ids in by_owner.items():
             if owner_key in self._counted:
@@ -536,11 +590,9 @@ class MemoryStore:
               memory_ids: list[str] | None) -> list[tuple[str, str]]:
         """(id, masked text) of the owner's versions (those of `memory_ids` that exist), in
         seq order."""
-        if memory_ids is not None:
-            known = [self._mirror.get(i) for i in dict.fromkeys(memory_ids)]
-            if all(v is not None and v.owner == (tenant, subject_id) for v in known):
-                return [(v.memory_id, v.text) for v in sorted(
-                    (v for v in known if v is not None), key=lambda v: v.seq)]
+        if memory_ids is not None and (
+                known := self.known_texts(tenant, subject_id, memory_ids)) is not None:
+            return known
         sql = "SELECT memory_id, text FROM memories WHERE tenant = ? AND subject_id = ?"
         params: list[Any] = [tenant, subject_id]
         if memory_ids is not None:
@@ -548,9 +600,29 @@ class MemoryStore:
             params.append(memory_ids)
         return [(r[0], r[1]) for r in self._db.execute(sql + " ORDER BY seq", params).fetchall()]
 
+    def known_texts(self, tenant: str, subject_id: str,
+                    memory_ids: list[str]) -> list[tuple[str, str]] | None:
+        """`texts` of these ids, from memory; None when some are not held there."""
+        with self._lock:
+            known = [self._mirror.get(i) for i in dict.fromkeys(memory_ids)]
+        held = [v for v in known if v is not None and v.owner == (tenant, subject_id)]
+        if len(held) < len(known):
+            return None
+        return [(v.memory_id, v.text) for v in sorted(held, key=lambda v: v.seq)]
+
     def pending_events(self, limit: int = 500) -> outbox.Pending:
         return self._unsent.pending(self._db, limit)
 
+    def known_pending_events(self, limit: int = 500) -> outbox.Pending | None:
+        """`pending_events` from memory (any thread); None when they need the file."""
+        return self._unsent.known(limit)
+
     def events_sent(self, up_to_seq: int) -> None:
-        self._unsent.sent(self._db, up_to_seq)
+        if self._unsent.sent(up_to_seq):
+            self._unsent.flush(self._db)
+
+    def known_events_sent(self, up_to_seq: int) -> bool:
+        """`events_sent` in memory (any thread); True when `events_sent` must still delete
+        the sent rows from the file."""
+        return self._unsent.sent(up_to_seq)
 

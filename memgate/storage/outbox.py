@@ -9,6 +9,7 @@ at open, the mark is raised to the highest number its rows and the outbox still 
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from itertools import islice
 
@@ -89,10 +90,12 @@ class Unsent:
     committed and not yet sent without a query, and the rows it sent are deleted in batches.
 
     Until the table has been read once (at open), or after more than `MIRRORED` events piled
-    up, the unsent events are read from the table (those above the highest seq sent).
+    up, the unsent events are read from the table (those above the highest seq sent). The
+    writer's thread commits and reads the table; `known` and `sent` may be called from any.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._events: deque[tuple[int, str, bytes]] = deque()
         self._mirrored = False  # whether `_events` is every unsent event
         self._sent = 0  # the highest seq published
@@ -100,36 +103,51 @@ class Unsent:
 
     def committed(self, events: list[tuple[int, str, bytes]]) -> None:
         """Events queued by a transaction that has committed (in seq order)."""
-        if not self._mirrored:
-            return
-        self._events.extend(events)
-        if len(self._events) > MIRRORED:
-            self._events.clear()
-            self._mirrored = False
+        with self._lock:
+            if not self._mirrored:
+                return
+            self._events.extend(events)
+            if len(self._events) > MIRRORED:
+                self._events.clear()
+                self._mirrored = False
+
+    def known(self, limit: int = 500) -> Pending | None:
+        """The oldest unsent events, from memory; None when they are to be read from the
+        table (`pending`)."""
+        with self._lock:
+            return list(islice(self._events, limit)) if self._mirrored else None
 
     def pending(self, db: duckdb.DuckDBPyConnection, limit: int = 500) -> Pending:
-        """The oldest unsent events."""
-        if self._mirrored:
-            return list(islice(self._events, limit))
+        """The oldest unsent events (on the writer's thread)."""
+        if (known := self.known(limit)) is not None:
+            return known
+        with self._lock:
+            after = self._sent
         rows = [(int(r[0]), str(r[1]), bytes(r[2])) for r in db.execute(
             "SELECT seq, subject, payload FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-            [self._sent, limit]).fetchall()]
+            [after, limit]).fetchall()]
         if len(rows) < limit:  # every unsent one: mirror them from here on
-            self._events = deque(rows)
-            self._mirrored = True
+            with self._lock:
+                self._events = deque(r for r in rows if r[0] > self._sent)
+                self._mirrored = True
         return rows
 
-    def sent(self, db: duckdb.DuckDBPyConnection, up_to_seq: int) -> None:
-        """Events up to `up_to_seq` are published: their rows deleted with the next batch."""
-        while self._events and self._events[0][0] <= up_to_seq:
-            self._events.popleft()
-        self._undeleted += max(0, up_to_seq - self._sent)  # each seq is one event's
-        self._sent = max(self._sent, up_to_seq)
-        if self._undeleted >= DELETE_EVERY:
-            self.flush(db)
+    def sent(self, up_to_seq: int) -> bool:
+        """Events up to `up_to_seq` are published: their rows are deleted with the next
+        batch; True when a batch is due (`flush`)."""
+        with self._lock:
+            while self._events and self._events[0][0] <= up_to_seq:
+                self._events.popleft()
+            self._undeleted += max(0, up_to_seq - self._sent)  # each seq is one event's
+            self._sent = max(self._sent, up_to_seq)
+            return self._undeleted >= DELETE_EVERY
 
     def flush(self, db: duckdb.DuckDBPyConnection) -> None:
-        """Delete the rows of every event sent (at a graceful stop too)."""
-        if self._undeleted:
-            sent(db, self._sent)
-            self._undeleted = 0
+        """Delete the rows of every event sent (on the writer's thread; at a graceful stop
+        too)."""
+        with self._lock:
+            up_to, undeleted = self._sent, self._undeleted
+        if undeleted:
+            sent(db, up_to)
+            with self._lock:
+                self._undeleted -= undeleted
