@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +82,11 @@ _OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
 _ROWS_BOUND = 3
 
 
+def _catalog_row(v: Version) -> tuple[Any, ...]:
+    return (v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
+            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
+
+
 def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
             rows: list[tuple[Any, ...]]) -> None:
     into, row, unnested = statement
@@ -116,7 +120,6 @@ class MemoryStore:
             "AND m.created_at = remember_log.remembered_at)", [hour_ago])
         self._unsent = outbox.Unsent()
         self._mirror = Recent(floor=int(highest))  # no version above the newest yet
-        self._lock = threading.Lock()  # the mirror: written by the writer, read from any thread
         compaction.create(self._db)
         # Rows deleted since the file was last rewritten (read by the owner's event loop).
         self.deletions_pending = compaction.pending(self._db)
@@ -199,8 +202,7 @@ class MemoryStore:
             self._counted[owner] += 1
         if written is not None:
             self._high = max(self._high, written.versions[-1].seq)
-            with self._lock:
-                self._mirror.committed(written.versions, written.superseded)
+            self._mirror.committed(written.versions, written.superseded)
             self._unsent.committed(written.events)  # after the mirror: an event's reader finds it
         return outcomes
 
@@ -366,33 +368,24 @@ class MemoryStore:
     def high_seq(self, tenant: str, subject_id: str) -> int:
         """The seq of the owner's newest version (0: none). Channels that have applied it have
         every version the owner has."""
-        with self._lock:
-            high = self._mirror.high((tenant, subject_id))
-        if high is None:
+        if (high := self._mirror.high((tenant, subject_id))) is None:
             high = int(self._one("SELECT coalesce(max(seq), 0) FROM memories "
                                  "WHERE tenant = ? AND subject_id = ?", [tenant, subject_id])[0])
-            with self._lock:
-                self._mirror.learn((tenant, subject_id), high=high)
+            self._mirror.learn((tenant, subject_id), high=high)
         return high
 
     def _citing(self, tenant: str, subject_id: str) -> int:
         """How many of the owner's versions cite something."""
-        with self._lock:
-            citing = self._mirror.citing((tenant, subject_id))
-        if citing is None:
+        if (citing := self._mirror.citing((tenant, subject_id))) is None:
             citing = int(self._one("SELECT count(*) FROM memories WHERE tenant = ? AND "
                                    "subject_id = ? AND citations <> '[]'", [tenant, subject_id])[0])
-            with self._lock:
-                self._mirror.learn((tenant, subject_id), citing=citing)
+            self._mirror.learn((tenant, subject_id), citing=citing)
         return citing
 
     def known_scope(self, tenant: str, subject_id: str) -> int | None:
         """`recall_scope`'s answer when the owner's versions cite nothing (its newest seq),
         from memory; None when that needs the file."""
-        with self._lock:
-            if self._mirror.citing((tenant, subject_id)) != 0:
-                return None
-            return self._mirror.high((tenant, subject_id))
+        return self._mirror.uncited_high((tenant, subject_id))
 
     def recall_scope(self, filters: Filters, *, as_of: datetime,
                      window: int | None) -> tuple[int, int | None, list[tuple[str, str]]]:
@@ -426,8 +419,7 @@ class MemoryStore:
                     for r in self._db.execute(
                         f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = ANY(?)",
                         [*params, unknown]).fetchall()]
-            with self._lock:
-                self._mirror.read(read)  # as read: the filters hid no held version among them
+            self._mirror.read(read)  # as read: the filters hid no held version among them
             found += [row_of(v) for v in read]
         return found
 
@@ -439,53 +431,29 @@ class MemoryStore:
 
     def _known_rows(self, filters: Filters, instant: datetime,
                     memory_ids: list[str]) -> tuple[list[Row], list[str]]:
-        owner = (filters.tenant, filters.subject_id)
-        found: list[Row] = []
-        unknown: list[str] = []
-        with self._lock:
-            for memory_id in memory_ids:
-                version = self._mirror.get(memory_id)
-                if version is None:
-                    unknown.append(memory_id)
-                # another owner's is not allowed, whatever the filters
-                elif version.owner == owner and allows(filters, instant, version):
-                    found.append(row_of(version))
-        return found, unknown
+        found, unknown = self._mirror.rows((filters.tenant, filters.subject_id), memory_ids,
+                                           lambda version: allows(filters, instant, version))
+        return [row_of(v) for v in found], unknown
 
     def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
         """The owner's versions above `after_seq`, oldest first, without text: (memory_id,
         seq, namespace, key, collection_id, created_at, superseded_at, legal_hold)."""
-        if (held := self._known_catalog(tenant, subject_id, after_seq)) is not None:
-            return held
+        if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
+            return [_catalog_row(v) for v in held]
         rows = self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
             "legal_hold FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
             "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
         return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), r[7]) for r in rows]
 
-    def _known_catalog(self, tenant: str, subject_id: str,
-                       after_seq: int) -> list[tuple[Any, ...]] | None:
-        with self._lock:
-            return self._known_catalog_locked(tenant, subject_id, after_seq)
-
-    def _known_catalog_locked(self, tenant: str, subject_id: str,
-                              after_seq: int) -> list[tuple[Any, ...]] | None:
-        if (held := self._mirror.above((tenant, subject_id), after_seq)) is None:
-            return None
-        return [(v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-                 v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
-                for v in held]
-
     def known_catalog(self, tenant: str, subject_id: str,
                       after_seq: int) -> tuple[int, list[tuple[Any, ...]]] | None:
         """(`high_seq`, `catalog`) from memory, as of one instant; None when either needs the
         file."""
-        with self._lock:  # one instant for both
-            high = self._mirror.high((tenant, subject_id))
-            if high is None:
-                return None
-            held = self._known_catalog_locked(tenant, subject_id, after_seq)
-        return None if held is None else (high, held)
+        if (known := self._mirror.catalog((tenant, subject_id), after_seq)) is None:
+            return None
+        high, held = known
+        return high, [_catalog_row(v) for v in held]
 
     def held_by(self, tenant: str, subject_id: str,
                 namespaces: list[str] | None = None) -> list[str]:
@@ -576,8 +544,7 @@ class MemoryStore:
             if rows:
                 compaction.mark(db)
         self._high = high
-        with self._lock:
-            self._mirror.deleted(rows)
+        self._mirror.deleted(rows)
         self._unsent.committed(events)
         for owner_key, ids in by_owner.items():
             if owner_key in self._counted:
@@ -603,12 +570,8 @@ class MemoryStore:
     def known_texts(self, tenant: str, subject_id: str,
                     memory_ids: list[str]) -> list[tuple[str, str]] | None:
         """`texts` of these ids, from memory; None when some are not held there."""
-        with self._lock:
-            known = [self._mirror.get(i) for i in dict.fromkeys(memory_ids)]
-        held = [v for v in known if v is not None and v.owner == (tenant, subject_id)]
-        if len(held) < len(known):
-            return None
-        return [(v.memory_id, v.text) for v in sorted(held, key=lambda v: v.seq)]
+        held = self._mirror.texts((tenant, subject_id), memory_ids)
+        return None if held is None else [(v.memory_id, v.text) for v in held]
 
     def pending_events(self, limit: int = 500) -> outbox.Pending:
         return self._unsent.pending(self._db, limit)
