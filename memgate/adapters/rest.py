@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.telemetry import TelemetryConfig
 
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
@@ -57,6 +58,11 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # A ready actor answers in about a millisecond; a probe must not hang on one that is not.
 READY_TIMEOUT_S = 2.0
 
+# memgate exports no OpenTelemetry: with these off FastAPI stops asking the global providers
+# whether to trace, on every request (docs/DECISIONS.md, "REST adapter CPU").
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
+                                 "operation_spans": False}
+
 
 def _problems(exc: RequestValidationError) -> list[dict[str, str]]:
     """What FastAPI found wrong, by field and rule (never the input, which may be personal)."""
@@ -90,7 +96,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
             await state["bus"].close()
 
     app = FastAPI(title="memgate", version="0.1.0", lifespan=lifespan,
-                  description="Governed long-term memory for AI agents.")
+                  description="Governed long-term memory for AI agents.", telemetry=NO_TELEMETRY)
 
     # The MCP tools (streamable HTTP): Starlette runs an ASGI app given as a route's endpoint.
     app.add_route("/mcp", mcp, include_in_schema=False)  # type: ignore[arg-type]
@@ -124,9 +130,6 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def send(subject: str, result: type[T], token: str | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
         return await state["bus"].command(subject, token, body, result, params=params)
-
-    for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
-        app.include_router(module.router(send, command))
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))
     async def healthz() -> JSONResponse:
@@ -288,5 +291,12 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
                 responses=responses(*COMMON))
     async def revoke_nats_agent(agentId: PathId, token: Token) -> Done:
         return await call(subjects.admin("nats.revoke"), Done, token, {}, agentId=agentId)
+
+    # Last: a request is matched against the routes in order, and an included router is
+    # costly to try (FastAPI walks each of its routes), so the agents' memory routes come first.
+    # No path here overlaps another module's; among the modules the order matters
+    # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
+    for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
+        app.include_router(module.router(send, command))
 
     return app
