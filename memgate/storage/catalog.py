@@ -9,7 +9,8 @@ A version's `superseded_at` is set by storage when a newer version of the same k
 catalog derives it the same way from the newer row, so catching up never re-reads old rows.
 With `dim`, each row also holds a vector (the embedder's contiguous matrix, aligned with the rows).
 The embedder also marks the rows that are conversation turns, with their speakers (read from the
-texts it embeds; codes here, the names case-folded), for the smoothed and speaker channels.
+texts it embeds; codes here, the names case-folded), for the conversation channel's smoothed
+cosine and speaker bonus.
 """
 
 from __future__ import annotations
