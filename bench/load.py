@@ -294,14 +294,19 @@ class EmbedProbe:
             await self._task
 
 
-def embed_one_query_ms(samples: int = 200) -> float | None:
-    """p50 of the shipped model embedding one query, in this process, before memgate starts."""
+def embed_one_query_ms(samples: int = 200, *, compute: str = "int8",
+                       threads: int = 1) -> float | None:
+    """p50 of the shipped model embedding one query, in this process, before memgate starts:
+    as the recall actor runs it (int8 compute, one thread), or as the file is (`compute="float"`,
+    `threads=0`: every core)."""
     try:
-        from memgate.app.settings import BUNDLED_TOKENIZER, default_model
+        from memgate.app.settings import Settings
         from memgate.embedding import OnnxEmbedder
     except ImportError:
         return None
-    embedder = OnnxEmbedder(default_model(), BUNDLED_TOKENIZER)
+    settings = Settings(embedding_compute=compute)
+    embedder = OnnxEmbedder(settings.compute_model(), settings.embedding_tokenizer,
+                            threads=threads)
     rng = random.Random(0)
     timings = []
     for i in range(samples + 20):
@@ -455,9 +460,12 @@ async def main() -> None:
     plan = scenarios(args)
     knobs = Knobs(args.duration, args.max_in_flight, args.probe_every or None)
     embed_ms = embed_one_query_ms()
+    float_ms = embed_one_query_ms(compute="float", threads=0)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before starting; "
           f"the shipped model embeds one query in "
-          f"{'?' if embed_ms is None else f'{embed_ms:.1f}'} ms (p50, in this process)")
+          f"{'?' if embed_ms is None else f'{embed_ms:.1f}'} ms as memgate runs it (int8 "
+          f"compute, one thread), {'?' if float_ms is None else f'{float_ms:.1f}'} ms in float "
+          "on every core (p50, in this process)")
     overrides = {} if args.workers is None else {"MEMGATE_WORKERS": str(args.workers)}
     async with AsyncExitStack() as stack:
         running = await stack.enter_async_context(memgate_up(**overrides))

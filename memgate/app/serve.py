@@ -73,6 +73,8 @@ async def serve_supervised(settings: Settings) -> None:
         http = listening_socket(settings.http_host, settings.http_port)
         stack.callback(http.close)
         layout = groups(settings)
+        # built here once, not by the two children that run the model, at once
+        await asyncio.to_thread(settings.compute_model)
         supervisor = await stack.enter_async_context(Supervisor(
             layout, replicas={g.name: g.replicas(settings) for g in layout}, nats_url=bus.url,
             env=child_environment(dict(os.environ), settings), http_socket=http,

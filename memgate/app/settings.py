@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +18,12 @@ DEFAULT_LLM_HOSTS = ("localhost", "127.0.0.1")
 
 BUNDLED_TOKENIZER = (Path(__file__).resolve().parent.parent
                      / "embedding/models/minilm/tokenizer.json")
+
+
+def default_cache() -> Path:
+    """Where built model files are kept: `$XDG_CACHE_HOME/memgate/models`, else
+    `~/.cache/memgate/models`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "memgate" / "models"
 
 
 def default_model() -> Path:
@@ -96,6 +104,10 @@ class Settings(BaseSettings):
     mem0_extract_llm_timeout_s: float = Field(default=60.0, gt=0)
 
     embedding_model: Path | None = None  # an ONNX file; None: the bundled all-MiniLM-L6-v2 int8
+    # int8: the model's matrix products run in int8, from a file built once into model_cache
+    # (`embedding/quantized.py`); float: the file as it is
+    embedding_compute: Literal["int8", "float"] = "int8"
+    model_cache: Path = Field(default_factory=default_cache)
     embedding_tokenizer: Path = BUNDLED_TOKENIZER
     embedding_batch: int = Field(default=32, ge=1, le=256)
 
@@ -110,7 +122,16 @@ class Settings(BaseSettings):
                       decay=self.recall_sequence_decay, head=self.recall_sequence_head)
 
     def model_path(self) -> Path:
+        """The model file as configured (or shipped)."""
         return self.embedding_model or default_model()
+
+    def compute_model(self) -> Path:
+        """The model file the actors run: `model_path()`, or its int8 version (built into
+        `model_cache` by the first process that needs it)."""
+        from memgate.embedding.quantized import compute_model  # onnxruntime: model processes only
+
+        return compute_model(self.model_path(), compute=self.embedding_compute,
+                             cache=self.model_cache)
 
     def partition_names(self) -> list[str]:
         return [f"p{i}" for i in range(self.partitions)]

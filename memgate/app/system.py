@@ -61,6 +61,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
     `nats_authority`: this process runs the embedded server and its nats-authority."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
+    model = settings.compute_model()
     actors: list[Actor] = [
         DirectoryActor(path=data / "directory.duckdb",
                        admin_token=lambda: admin_token(settings), bus=bus("directory"),
@@ -98,7 +99,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                            depth=settings.recall_depth, depth_bm25=settings.recall_depth_bm25,
                            weights=settings.recall_weights(),
                            sequence=settings.recall_sequence(),
-                           model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
+                           model=model, tokenizer=settings.embedding_tokenizer,
                            batch=settings.embedding_batch),
     ]
     for partition in settings.partition_names():
@@ -111,7 +112,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                                        settings.limit_versions_per_member)),
             IndexerActor(partition=partition, root=root / "text-index", bus=bus("indexer")),
             EmbedderActor(partition=partition, path=root / "vectors.duckdb",
-                          model=settings.model_path(), tokenizer=settings.embedding_tokenizer,
+                          model=model, tokenizer=settings.embedding_tokenizer,
                           bus=bus("embedder"), batch=settings.embedding_batch),
         ]
     return actors
