@@ -19,6 +19,7 @@ import duckdb
 import tantivy
 
 from memgate.actors.reaper import ReaperActor
+from memgate.app.ram import text_index_root
 from memgate.bus.connections import KindConnections
 from tests.agents import Agent
 from tests.conftest import Member, Memgate, eventually, run_memgate
@@ -38,10 +39,17 @@ def needles(word: str) -> list[bytes]:
     return [word.lower().encode(), word[:24].lower().encode()]
 
 
+def in_ram(data: Path) -> Path:
+    """The RAM directory of a data directory's Tantivy indexes (`app/ram.py`; empty when they
+    are under the data directory)."""
+    return text_index_root(data, "p0", None).parent
+
+
 def hits(root: Path, wanted: list[bytes]) -> list[str]:
-    """The files under `root` holding any of `wanted`."""
+    """The files under `root` holding any of `wanted`; for a data directory, the files of its
+    Tantivy indexes in RAM too."""
     found = []
-    for path in sorted(root.rglob("*")):
+    for path in sorted([*root.rglob("*"), *in_ram(root).rglob("*")]):
         try:
             if not path.is_file():
                 continue
@@ -49,15 +57,17 @@ def hits(root: Path, wanted: list[bytes]) -> list[str]:
         except FileNotFoundError:  # removed while scanned: a rebuild, a compaction
             continue
         if any(n in data or n in data.lower() for n in wanted):
-            found.append(str(path.relative_to(root)))
+            found.append(str(path.relative_to(root) if root in path.parents else path))
     return found
 
 
 def indexed(root: Path, word: str, fields: tuple[str, ...] = ("text", "ctx")) -> list[str]:
     """The terms starting with the word's first 24 characters in any live Tantivy index (in
-    a memory's own text, or in a conversation turn's context document)."""
+    a memory's own text, or in a conversation turn's context document) of data directory
+    `root`."""
     terms: list[str] = []
-    for generation in root.glob("partitions/*/text-index/*/gen-*"):
+    for generation in [*root.glob("partitions/*/text-index/*/gen-*"),
+                       *in_ram(root).glob("*/*/gen-*")]:
         try:
             if not (generation / "READY").exists():
                 continue

@@ -99,12 +99,12 @@ async def test_recall_as_of_and_namespace_and_limit(memgate: Memgate, transport:
 
 
 def index_files(memgate: Memgate) -> list[Path]:
-    root = memgate.settings.data_dir / "partitions" / "p0" / "text-index"
+    root = memgate.settings.text_index("p0")
     return [p for p in root.rglob("*") if p.is_file()]
 
 
 def live_index(memgate: Memgate, tenant: str, subject: str) -> tantivy.Index:
-    root = memgate.settings.data_dir / "partitions" / "p0" / "text-index" / f"{tenant}__{subject}"
+    root = memgate.settings.text_index("p0") / f"{tenant}__{subject}"
     newest = max(root.glob("gen-*"), key=lambda p: int(p.name[4:]))
     return tantivy.Index.open(str(newest))
 
@@ -169,7 +169,7 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
                 await bus.request("mem.int.store.p0.remember", command, RememberResult)
             ).memory_id
 
-        root = tmp_path / "data" / "partitions" / "p0" / "text-index"
+        root = memgate.settings.text_index("p0")
         first = [await remember(f"before the indexer started {i}") for i in range(5)]
         for expected_extra in (0, 3):
             extra = [

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from memgate.app.ram import text_index_root
 from memgate.policy.sequence import Window
 
 # Memory spaces: the models offered for fact extraction, and the hosts an llmBaseUrl may name.
@@ -110,6 +111,9 @@ class Settings(BaseSettings):
     model_cache: Path = Field(default_factory=default_cache)
     embedding_tokenizer: Path = BUNDLED_TOKENIZER
     embedding_batch: int = Field(default=32, ge=1, le=256)
+    # The Tantivy indexes (derived from storage, rebuilt on first use when lost): None keeps
+    # them in RAM where there is a /dev/shm (`app/ram.py`), else under DIR/partitions/<p>
+    text_index_dir: Path | None = None
 
     def recall_weights(self) -> dict[str, float]:
         return {"bm25": self.recall_weight_bm25, "cosine": self.recall_weight_cosine,
@@ -132,6 +136,10 @@ class Settings(BaseSettings):
 
         return compute_model(self.model_path(), compute=self.embedding_compute,
                              cache=self.model_cache)
+
+    def text_index(self, partition: str) -> Path:
+        """The directory of one partition's Tantivy indexes."""
+        return text_index_root(self.data_dir, partition, self.text_index_dir)
 
     def partition_names(self) -> list[str]:
         return [f"p{i}" for i in range(self.partitions)]

@@ -29,6 +29,7 @@ from memgate.actors.sessions import SessionsActor
 from memgate.actors.space_memories import SpaceMemoriesActor
 from memgate.actors.spaces import SpacesActor
 from memgate.actors.storage import StorageActor
+from memgate.app import ram
 from memgate.app.settings import Settings
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.connections import KindConnections, NatsBroker
@@ -104,13 +105,15 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
     ]
     for partition in settings.partition_names():
         root = data / "partitions" / partition
+        ram.claim(data, settings.text_index(partition))
         actors += [
             StorageActor(partition=partition, path=root / "memories.duckdb",
                          publisher=publisher("storage"), bus=bus("storage"),
                          partitions=settings.partitions,
                          limits=Limits(settings.limit_remembers_per_hour,
                                        settings.limit_versions_per_member)),
-            IndexerActor(partition=partition, root=root / "text-index", bus=bus("indexer")),
+            IndexerActor(partition=partition, root=settings.text_index(partition),
+                         bus=bus("indexer")),
             EmbedderActor(partition=partition, path=root / "vectors.duckdb",
                           model=model, tokenizer=settings.embedding_tokenizer,
                           bus=bus("embedder"), batch=settings.embedding_batch),

@@ -1,0 +1,59 @@
+"""Where the Tantivy indexes live: in RAM (`/dev/shm`) unless `MEMGATE_TEXT_INDEX_DIR` says.
+
+A text index is derived data: storage holds every text, and the indexer's catch-up indexes
+whatever an owner's index lacks before it ranks for it, so an index lost (a reboot empties
+`/dev/shm`) is rebuilt on first use. On disk, each commit that makes added documents searchable
+fsyncs a segment: 12.6 ms of CPU (mostly the kernel's) and up to ~50-90 ms of wall time under
+load, paid on a recall's path when the owner remembered since (read-your-writes); in RAM 3.9 ms
+(measured, docs/DECISIONS.md).
+
+Each data directory has its own RAM directory (`/dev/shm/memgate-<uid>/<hash of its path>`,
+private to the user), which records the data directory it belongs to; one whose data directory
+no longer exists is removed when memgate next starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+RAM = Path("/dev/shm")
+ORIGIN = "ORIGIN"  # the data directory a RAM directory belongs to
+
+
+def ram_base() -> Path | None:
+    """This user's directory of RAM indexes, or None where there is no writable `/dev/shm`."""
+    if not (RAM.is_dir() and os.access(RAM, os.W_OK | os.X_OK)):
+        return None
+    return RAM / f"memgate-{os.getuid()}"
+
+
+def text_index_root(data_dir: Path, partition: str, configured: Path | None) -> Path:
+    """The directory of one partition's Tantivy indexes."""
+    if configured is not None:
+        return configured / partition
+    base = ram_base()
+    if base is None:
+        return data_dir / "partitions" / partition / "text-index"
+    origin = str(data_dir.resolve())
+    return base / hashlib.sha256(origin.encode()).hexdigest()[:16] / partition
+
+
+def claim(data_dir: Path, root: Path) -> None:
+    """Create the partition's RAM directory `root` for `data_dir`, recording its owner, and
+    remove the RAM directories of data directories that are gone."""
+    base = ram_base()
+    if base is None or base not in root.parents:
+        return
+    base.mkdir(mode=0o700, exist_ok=True)
+    for stale in base.iterdir():
+        try:
+            origin = (stale / ORIGIN).read_text()
+        except OSError:
+            continue  # being created right now, or not ours
+        if not Path(origin).exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    (root.parent / ORIGIN).write_text(str(data_dir.resolve()))
