@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
@@ -247,3 +248,26 @@ async def test_recall_reaches_memories_older_than_the_newest_300(
     assert oldest.memory_id not in [m.memory_id for m in elsewhere.memories]
     assert all(m.namespace == "bulk" and m.ranks.bm25 is None for m in elsewhere.memories)
     await agent.close()
+
+
+async def test_text_indexes_lost_with_the_ram_disk_are_rebuilt_on_first_recall(
+    tmp_path: Path,
+) -> None:
+    """The indexes live in RAM (`app/ram.py`): after a reboot empties it, a recall still finds
+    the memories by their words, ranked by BM25."""
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        owner = await memgate.workspace()
+        token = await memgate.credential(owner)
+        agent = await memgate.agent("bus", token)
+        kept = await agent.remember("notes", "the zephyrine ledger sits in the blue cabinet")
+        assert (await agent.recall("zephyrine")).memories[0].ranks.bm25 == 1
+        root = memgate.settings.text_index("p0")
+        assert index_files(memgate)
+    shutil.rmtree(root.parent)  # the reboot: the RAM directory is gone, the data directory not
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        agent = await memgate.agent("bus", token)
+        [found] = (await agent.recall("zephyrine")).memories
+        assert found.memory_id == kept.memory_id and found.ranks.bm25 == 1
+        assert index_files(memgate)
