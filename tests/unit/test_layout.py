@@ -1,0 +1,26 @@
+"""The environment `memgate up` gives its children (`app/layout.child_environment`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memgate.app.layout import child_environment
+from memgate.app.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_children_get_the_settings_and_one_blas_thread(tmp_path: Path) -> None:
+    env = child_environment({"PATH": "/bin"}, Settings(data_dir=tmp_path, workers=3))
+    assert env["PATH"] == "/bin"
+    assert env["MEMGATE_WORKERS"] == "3"
+    assert env["MEMGATE_DATA_DIR"] == str(tmp_path.resolve())
+    assert env["MEMGATE_EMBEDDING_COMPUTE"] == "int8"
+    assert env["OPENBLAS_NUM_THREADS"] == "1"  # numpy's spinning BLAS threads
+
+
+def test_a_blas_setting_of_the_users_stays(tmp_path: Path) -> None:
+    env = child_environment({"OPENBLAS_NUM_THREADS": "4"}, Settings(data_dir=tmp_path))
+    assert env["OPENBLAS_NUM_THREADS"] == "4"
