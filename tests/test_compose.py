@@ -34,3 +34,10 @@ def test_compose_parses_and_its_command_lines_exist() -> None:
                                text=True).stdout
     for option in options(services["nats"]["command"]):
         assert f"{option} " in nats_help or f"{option}," in nats_help, option
+
+
+def test_the_container_has_room_for_the_text_indexes_in_ram() -> None:
+    """The indexes live in /dev/shm (`app/ram.py`); an engine gives it 64 MB unless told."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    size = compose["services"]["memgate"]["shm_size"]
+    assert size.endswith("gb") and float(size[:-2]) >= 1
