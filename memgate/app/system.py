@@ -105,15 +105,15 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
     ]
     for partition in settings.partition_names():
         root = data / "partitions" / partition
-        ram.claim(data, settings.text_index(partition))
+        text_index = settings.text_index(partition)
+        ram.claim(data, text_index)
         actors += [
             StorageActor(partition=partition, path=root / "memories.duckdb",
                          publisher=publisher("storage"), bus=bus("storage"),
                          partitions=settings.partitions,
                          limits=Limits(settings.limit_remembers_per_hour,
                                        settings.limit_versions_per_member)),
-            IndexerActor(partition=partition, root=settings.text_index(partition),
-                         bus=bus("indexer")),
+            IndexerActor(partition=partition, root=text_index, bus=bus("indexer")),
             EmbedderActor(partition=partition, path=root / "vectors.duckdb",
                           model=model, tokenizer=settings.embedding_tokenizer,
                           bus=bus("embedder"), batch=settings.embedding_batch),

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import onnxruntime as ort
 
@@ -55,7 +56,7 @@ def int8_model(source: Path, cache: Path) -> Path:
     return target
 
 
-def compute_model(source: Path, *, compute: str, cache: Path) -> Path:
+def compute_model(source: Path, *, compute: Literal["int8", "float"], cache: Path) -> Path:
     """The model file to run: `source` itself for float compute, else its int8 version (or
     `source` when it cannot be quantized, with a warning)."""
     if compute == "float":
