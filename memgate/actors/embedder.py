@@ -2,7 +2,7 @@
 
 Fed like the indexer by a durable pull consumer on `mem.evt.<p>.memory` (ids only; texts come
 from storage). Query embeddings go through a batcher: requests that arrive while the model is
-busy are embedded together in one ONNX call (batching under load, none when idle).
+busy are handed to the model thread together (one hop; the model runs each text alone).
 
 Each owner it ranks for has a `Catalog` whose rows carry the vectors: a recall's filters become
 a mask, and the owner's whole matrix is scored by one matrix-vector product. A rank request
@@ -137,8 +137,8 @@ class EmbedderActor:
 
     async def embed_missing(self, catalogs: dict[Owner, Catalog]) -> None:
         """Embed these owners' versions that have no vector yet (texts fetched from storage),
-        all in one model call and one transaction: under load a batch of events spans many
-        owners, and a call per owner would embed a text or two at a time."""
+        in one hop to the model thread and one transaction: under load a batch of events spans
+        many owners, and a hop and a transaction per owner would cost more."""
         wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
                   if (missing := catalog.unembedded())}
         replies = await asyncio.gather(*(

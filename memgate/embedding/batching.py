@@ -1,4 +1,5 @@
-"""Coalescing concurrent embedding requests into one model call (batching under load)."""
+"""Coalescing concurrent embedding requests into one call on the model's thread (under load: one
+thread hop for many texts; `OnnxEmbedder` runs each text alone)."""
 
 from __future__ import annotations
 
