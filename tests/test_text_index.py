@@ -89,15 +89,15 @@ def test_the_context_document_is_searched_apart_and_turns_may_be_left_out(
     assert owner.rank("shelter opens", turns=False) == ["fact"]
 
 
-def committed_ids(root: Path) -> set[str]:
+def committed_ids(root: Path, limit: int = 100) -> set[str]:
     """The ids another reader of the directory sees (what has been committed)."""
     generation = max(root.glob("gen-*"), key=lambda p: int(p.name[4:]))
     searcher = tantivy.Index.open(str(generation)).searcher()
-    hits = searcher.search(tantivy.Query.all_query(), limit=100).hits
+    hits = searcher.search(tantivy.Query.all_query(), limit=limit).hits
     return {searcher.doc(address)["memory_id"][0] for _, address in hits}
 
 
-def test_added_documents_are_committed_when_due_and_searches_see_them_before(
+def test_added_documents_wait_until_due_and_searches_commit_those_they_may_find(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1000.0]
@@ -105,17 +105,59 @@ def test_added_documents_are_committed_when_due_and_searches_see_them_before(
     indexes = TextIndexes(tmp_path)
     owner = indexes.owner("ws", "member")
     owner.add(MEMORIES[:1])
-    assert indexes.commit_due() is None  # none for a second: committed at once
-    assert committed_ids(tmp_path / "ws__member") == {"deploy"}
+    assert indexes.commit_due() == text_index.COMMIT_EVERY_S
+    assert owner.rank("release notes", IDS) == []  # "deploy" holds neither word: it waits
+    assert committed_ids(tmp_path / "ws__member") == set()
     owner.add(MEMORIES[1:2])
-    assert indexes.commit_due() == text_index.COMMIT_EVERY_S  # a commit a second at most
-    assert committed_ids(tmp_path / "ws__member") == {"deploy"}
-    assert owner.rank("release notes", IDS) == ["release"]  # a search commits first
+    assert owner.rank("release notes", IDS) == ["release"]  # it may match: committed first
     assert committed_ids(tmp_path / "ws__member") == {"deploy", "release"}
+    assert indexes.commit_due() is None
     owner.add(MEMORIES[2:3])
-    clock[0] += text_index.COMMIT_EVERY_S
+    clock[0] += text_index.COMMIT_EVERY_S - 1
+    assert indexes.commit_due() == 1
+    clock[0] += 1
     assert indexes.commit_due() is None
     assert committed_ids(tmp_path / "ws__member") == set(IDS[:3])
+
+
+def test_a_search_finds_every_document_it_would_find_after_a_commit(tmp_path: Path) -> None:
+    """Whichever waiting documents a search leaves waiting, it answers as after a commit."""
+    queries = ["deploying on friday", "release notes", "定例会議", "ＯＲＩＯＮ postgres", "docs",
+               "the of"]
+    committed = index(tmp_path / "a")
+    committed.commit()
+    expected = {query: committed.rank(query, IDS) for query in queries}
+    for i, query in enumerate(queries):
+        for waiting in range(len(MEMORIES) + 1):
+            fresh = OwnerIndex(tmp_path / f"{i}-{waiting}")
+            fresh.add(MEMORIES[waiting:])
+            fresh.commit()
+            fresh.add(MEMORIES[:waiting])
+            assert fresh.rank(query, IDS) == expected[query]
+
+
+def test_many_added_documents_are_committed_at_once(tmp_path: Path) -> None:
+    owner = OwnerIndex(tmp_path / "owner")
+    owner.add([(f"m{i}", f"note {i}") for i in range(text_index.PENDING_AT_MOST - 1)])
+    assert owner.pending
+    owner.add([("last", "the last note")])
+    assert not owner.pending
+    assert len(committed_ids(tmp_path / "owner", limit=1000)) == text_index.PENDING_AT_MOST
+
+
+@pytest.mark.parametrize("text", [
+    "Deploys, DEPLOYING & deployed: x" + "y" * 45 + " café naïve foo_bar e-mail O'Brien 42nd",
+    "ﾃﾞﾌﾟﾛｲ 毎週月曜日 and ＯＲＩＯＮ-42 ünïcödé",
+])
+def test_the_terms_of_a_waiting_document_are_those_tantivy_indexes(
+    tmp_path: Path, text: str
+) -> None:
+    owner = OwnerIndex(tmp_path / "owner")
+    owner.add([("m", text)])
+    owner.commit()
+    words, grams = split_text(text)
+    indexed = {*owner.terms_with_prefix("text", ""), *owner.terms_with_prefix("cjk", "")}
+    assert indexed == text_index.terms(words, grams)
 
 
 def test_closing_commits_and_frees_the_directory_for_another_writer(tmp_path: Path) -> None:
@@ -128,21 +170,8 @@ def test_closing_commits_and_frees_the_directory_for_another_writer(tmp_path: Pa
     assert again.ids == set(IDS)
 
 
-def test_only_the_most_recent_owners_keep_a_writer(tmp_path: Path) -> None:
-    indexes = TextIndexes(tmp_path)
-    owners = [indexes.owner("ws", f"m{i}") for i in range(text_index.WRITERS_KEPT + 2)]
-    for owner in owners:
-        indexes.owner("ws", owner.root.name.split("__")[1]).add(MEMORIES[:1])
-    indexes.owner("ws", "m0")  # the least recent writers close as others are used
-    assert [o.writing for o in owners] == [False, False] + [True] * text_index.WRITERS_KEPT
-    assert committed_ids(owners[0].root) == committed_ids(owners[1].root) == {"deploy"}
-
-
-def test_owners_used_on_many_threads_at_once_lose_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Eviction and writer closing never touch an index another thread is using."""
-    monkeypatch.setattr(text_index, "WRITERS_KEPT", 1)
+def test_owners_used_on_many_threads_at_once_lose_nothing(tmp_path: Path) -> None:
+    """Eviction never touches an index another thread is using."""
     indexes = TextIndexes(tmp_path, open_limit=2)
 
     def work(owner: str) -> list[list[str]]:

@@ -16,12 +16,19 @@ only (`rank_context`); `rank` may leave the turns out (the conversation channels
 (made before a schema change) is not opened but removed, and the indexer's catch-up re-adds
 every version from storage.
 
-Why writers stay open and commits are deferred: a commit writes a new segment and fsyncs it,
-~15-20 ms of CPU (mostly the kernel's) and 50-90 ms of wall time, whatever it holds. Added
-documents are therefore committed at most once per `COMMIT_EVERY_S` per owner (at once when the
-owner's last commit is older), and before any search, so a search always sees every document
-added. Uncommitted documents a crash loses are harmless: a restarted indexer loads each owner's
-catalog before it ranks for it, and indexes every version the index lacks.
+Why added documents wait, and searches commit only when they must: a Tantivy commit costs ~5 ms
+of CPU whatever it holds (it ends the writer's segment: its indexing thread is joined and a new
+one started, with a fresh 4 MB term table; ~9 ms with opening and closing the writer), and an
+owner who remembers and recalls in turn would pay one per remember. Added documents are therefore
+kept here, with the terms they hold, and written in one writer session (open, add, commit,
+close: no writer stays open between commits) `COMMIT_EVERY_S` after the first of them, or at
+once past `PENDING_AT_MOST`. A search commits them first only when one of them holds one of the
+query's terms (analysed as Tantivy analyses `text`, `tests/test_text_index.py` checks the two
+agree): a document that holds none cannot match, so a search sees every document it would find
+after a commit. Until then the BM25 statistics (number of documents, average length) leave the
+waiting ones out, by a few documents in thousands. Documents a crash loses are harmless: a
+restarted indexer loads each owner's catalog before it ranks for it, and indexes every version
+the index lacks.
 """
 
 from __future__ import annotations
@@ -57,11 +64,16 @@ why will with would you your yours yourself yourselves usually ever also s t
 """.split())
 # Hiragana on its own is grammar (particles such as の, は, を), not content.
 HIRAGANA = re.compile(r"^[\u3040-\u309f]$")
-# An owner's added documents are committed this long after its previous commit at the latest.
-COMMIT_EVERY_S = 1.0
-# Open writers, least recently used closed first: each holds ~7 MB and 7 threads.
-WRITERS_KEPT = 16
+# An owner's added documents are committed this long after the first of them at the latest,
+# and at once when this many wait (a catch-up of many versions).
+COMMIT_EVERY_S = 5.0
+PENDING_AT_MOST = 256
 WRITER_HEAP = 15_000_000  # Tantivy's minimum for one indexing thread
+# Tantivy's `en_stem` (the `text` and `ctx` fields): which terms a text holds. The CJK fields
+# are tokenised on whitespace, their n-grams as made here.
+EN_STEM = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+           .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase())
+           .filter(tantivy.Filter.stemmer("english")).build())
 
 
 def normalise(text: str) -> str:
@@ -81,6 +93,11 @@ def split_text(text: str) -> tuple[str, str]:
     """(the non-CJK words, the CJK n-grams as space-separated tokens)."""
     folded = normalise(text)
     return CJK.sub(" ", folded), " ".join(cjk_grams(folded))
+
+
+def terms(words: str, grams: str) -> set[str]:
+    """The terms that the words (as `en_stem` analyses them) and the CJK n-grams index."""
+    return {*EN_STEM.analyze(words), *grams.split()}
 
 
 def _format(generation: Path) -> str:
@@ -109,8 +126,8 @@ SCHEMA = _schema()
 class OwnerIndex:
     """One owner's index: generation directories `gen-N`, the newest complete one is live.
 
-    Documents added go to a writer kept open; `commit` makes them searchable (searches commit
-    first). `close` commits and releases the writer (its lock, memory and threads)."""
+    Documents added wait here until `commit` writes them (searches commit first when one of
+    them may match); `close` commits."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -123,9 +140,10 @@ class OwnerIndex:
             if path.name != f"gen-{self.generation}":
                 shutil.rmtree(path)
         self._index = self._open(self.generation)
-        self._writer: tantivy.IndexWriter | None = None
-        self.pending = False  # documents added since the last commit
-        self.committed_at = 0.0  # time.monotonic() of the last commit
+        self._waiting: dict[str, tantivy.Document] = {}  # added, not yet written, by id
+        self._terms: set[str] = set()  # the terms of the waiting documents' text fields
+        self._context_terms: set[str] = set()  # and of their context fields
+        self.added_at = 0.0  # time.monotonic() when the first waiting document was added
         self.ids = self._stored_ids()
 
     def _path(self, generation: int) -> Path:
@@ -146,9 +164,9 @@ class OwnerIndex:
         return {searcher.doc(address)["memory_id"][0] for _, address in hits}
 
     @property
-    def writing(self) -> bool:
-        """Whether a writer is open."""
-        return self._writer is not None
+    def pending(self) -> bool:
+        """Whether added documents wait for a commit."""
+        return bool(self._waiting)
 
     def add(self, items: list[tuple[str, str]],
             contexts: Mapping[str, str] | None = None) -> None:
@@ -156,48 +174,53 @@ class OwnerIndex:
         `contexts` names (conversation turns); searchable once committed."""
         if not items:
             return
-        if self._writer is None:
-            self._writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        if not self._waiting:
+            self.added_at = time.monotonic()
         contexts = contexts or {}
         for memory_id, text in items:
             words, grams = split_text(text)
             ctx_words, ctx_grams = split_text(contexts.get(memory_id, ""))
-            self._writer.delete_documents_by_term("memory_id", memory_id)
             document = tantivy.Document(memory_id=memory_id, text=words, cjk=grams,
                                         ctx=ctx_words, ctx_cjk=ctx_grams)
             document.add_unsigned("turn", int(memory_id in contexts))
-            self._writer.add_document(document)
+            self._waiting[memory_id] = document
+            self._terms |= terms(words, grams)
+            self._context_terms |= terms(ctx_words, ctx_grams)
             self.ids.add(memory_id)
-        self.pending = True
+        if len(self._waiting) >= PENDING_AT_MOST:
+            self.commit()
 
     def commit(self) -> None:
-        """Make the documents added so far searchable (and durable)."""
-        if self._writer is not None and self.pending:
-            self._writer.commit()
-            self._index.reload()
-            self.pending = False
-            self.committed_at = time.monotonic()
+        """Write the waiting documents in one writer session: searchable (and durable) now."""
+        if not self._waiting:
+            return
+        writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        try:
+            for memory_id, document in self._waiting.items():
+                writer.delete_documents_by_term("memory_id", memory_id)
+                writer.add_document(document)
+            writer.commit()
+        except BaseException:
+            writer.rollback()
+            raise
+        finally:
+            writer.wait_merging_threads()  # joins its threads and frees the directory lock
+        self._index.reload()
+        self._discard()
+
+    def _discard(self) -> None:
+        self._waiting = {}
+        self._terms, self._context_terms = set(), set()
 
     def close(self) -> None:
-        """Commit, and release the writer."""
         self.commit()
-        self._release()
-
-    def _release(self, *, discard: bool = False) -> None:
-        if self._writer is None:
-            return
-        if discard:
-            self._writer.rollback()
-            self.pending = False
-        self._writer.wait_merging_threads()  # joins its threads and frees the directory lock
-        self._writer = None
 
     def rebuild(self, items: list[tuple[str, str]],
                 contexts: Mapping[str, str] | None = None) -> None:
         """Replace the index by one holding exactly `items` (with `contexts`, as `add`); the old
         generation leaves the disk. Documents added and not committed are discarded (they are
         in `items` unless deleted)."""
-        self._release(discard=True)
+        self._discard()
         old = self.generation
         self.generation += 1
         shutil.rmtree(self._path(self.generation), ignore_errors=True)
@@ -210,31 +233,38 @@ class OwnerIndex:
         (path / READY).write_text(FORMAT)
         shutil.rmtree(self._path(old))
 
-    def _searcher(self) -> tantivy.Searcher:
-        self.commit()
+    def _searcher(self, wanted: set[str] | None = None, *, context: bool = False,
+                  ) -> tantivy.Searcher:
+        """A searcher that finds every added document holding one of the `wanted` terms (in
+        the context fields with `context`; None: any document)."""
+        waiting = self._context_terms if context else self._terms
+        if self._waiting and (wanted is None or not waiting.isdisjoint(wanted)):
+            self.commit()
         return self._index.searcher()
 
-    def _terms(self, query: str, field: str, grams_field: str,
-               ) -> tuple[list[tantivy.Query], list[tantivy.Query]]:
-        """The query's distinct content words (stopwords out) as queries on `field`, and its
-        CJK n-grams (lone hiragana out) as queries on `grams_field`."""
+    def _queries(self, query: str, field: str, grams_field: str,
+               ) -> tuple[list[tantivy.Query], list[tantivy.Query], set[str]]:
+        """The query's distinct content words (stopwords out) as queries on `field`, its CJK
+        n-grams (lone hiragana out) as queries on `grams_field`, and the terms of both."""
         words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
         content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
         word_queries = [self._index.parse_query_lenient(w, [field])[0] for w in content]
-        gram_queries = [tantivy.Query.term_query(SCHEMA, grams_field, g)
-                        for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
-        return word_queries, gram_queries
+        kept = [g for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
+        gram_queries = [tantivy.Query.term_query(SCHEMA, grams_field, g) for g in kept]
+        return word_queries, gram_queries, terms(" ".join(content), " ".join(kept))
 
-    def _matching(self, query: str, *, context: bool = False) -> tantivy.Query | None:
+    def _matching(self, query: str, *, context: bool = False,
+                  ) -> tuple[tantivy.Query | None, set[str]]:
         """Documents that share at least half of the query's distinct content words (or, for
         CJK queries, any of its character n-grams); None when the query has no content.
         One shared common word out of many is noise that would otherwise outvote the cosine
         ranking in the fusion. With `context`, the context fields, and any one content word
-        matches: a turn's context is long, and its score ranks it (`rank_context` cuts it)."""
+        matches: a turn's context is long, and its score ranks it (`rank_context` cuts it).
+        Also the terms searched for."""
         fields = ("ctx", "ctx_cjk") if context else ("text", "cjk")
-        word_queries, gram_queries = self._terms(query, *fields)
+        word_queries, gram_queries, wanted = self._queries(query, *fields)
         if not (word_queries or gram_queries):
-            return None
+            return None, wanted
         should = tantivy.Occur.Should
         parts = []
         if word_queries:  # at least half of the content words (any one, in the context)
@@ -243,7 +273,7 @@ class OwnerIndex:
                 minimum_number_should_match=1 if context else (len(word_queries) + 1) // 2)))
         if gram_queries:
             parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
-        return tantivy.Query.boolean_query(parts)
+        return tantivy.Query.boolean_query(parts), wanted
 
     def rank(self, query: str, allowed: Collection[str] | None = None,
              depth: int | None = None, *, blocked: Collection[str] = (),
@@ -256,12 +286,12 @@ class OwnerIndex:
         them the whole index is searched and the blocked ids are skipped: cheaper when few
         documents are blocked (superseded versions, other namespaces).
         """
-        matching = self._matching(query)
+        matching, wanted = self._matching(query)
         if matching is not None and not turns:
             matching = tantivy.Query.boolean_query([
                 (tantivy.Occur.Must, matching),
                 (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))])
-        hits = self._search(matching, allowed, depth, blocked)
+        hits = self._search(matching, allowed, depth, blocked, wanted)
         return [memory_id for _, memory_id in hits]
 
     def rank_context(self, query: str, allowed: Collection[str] | None = None,
@@ -269,12 +299,15 @@ class OwnerIndex:
                      ) -> list[tuple[str, float]]:
         """(id, BM25 score) of the turns whose context documents match `query` (any content
         word), best first; filtered as `rank`."""
-        hits = self._search(self._matching(query, context=True), allowed, depth, blocked)
+        matching, wanted = self._matching(query, context=True)
+        hits = self._search(matching, allowed, depth, blocked, wanted, context=True)
         return [(memory_id, score) for score, memory_id in hits]
 
     def _search(self, matching: tantivy.Query | None, allowed: Collection[str] | None,
-                depth: int | None, blocked: Collection[str]) -> list[tuple[float, str]]:
-        """(score, id) of the best `depth` documents `matching` finds among the allowed ones."""
+                depth: int | None, blocked: Collection[str], wanted: set[str], *,
+                context: bool = False) -> list[tuple[float, str]]:
+        """(score, id) of the best `depth` documents `matching` (which searches for the
+        `wanted` terms) finds among the allowed ones."""
         if allowed is not None and not blocked:
             depth = len(allowed) if depth is None else depth
             if matching is None or not allowed or depth <= 0:
@@ -284,7 +317,7 @@ class OwnerIndex:
             matching = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
                                                     (tantivy.Occur.Must, restrict)])
             blocked = ()
-        searcher = self._searcher()
+        searcher = self._searcher(wanted, context=context)
         depth = searcher.num_docs if depth is None else depth
         if matching is None or depth <= 0:
             return []
@@ -300,12 +333,11 @@ class OwnerIndex:
 
 
 class TextIndexes:
-    """The owner indexes of one partition, opened on demand and kept in a small LRU (of which
-    the `WRITERS_KEPT` most recently used keep their writers open).
+    """The owner indexes of one partition, opened on demand and kept in a small LRU.
 
     Thread-safe for owners used on different threads (`use`): each index has a lock, held by
-    whoever uses it, so that an index is never closed, committed or evicted while another
-    thread adds to it or searches it. One owner's work must stay on one thread (in order)."""
+    whoever uses it, so that an index is never committed or evicted while another thread adds
+    to it or searches it. One owner's work must stay on one thread (in order)."""
 
     def __init__(self, root: Path, *, open_limit: int = 256) -> None:
         self._root = root
@@ -316,25 +348,20 @@ class TextIndexes:
 
     def owner(self, tenant: str, subject_id: str) -> OwnerIndex:
         """The owner's index, opened if need be (not held: for one thread's use)."""
-        index, _, unused = self._get(f"{tenant}__{subject_id}")
-        self._close_writers(unused)
-        return index
+        return self._get(f"{tenant}__{subject_id}")[0]
 
     def use(self, tenant: str, subject_id: str, work: Callable[[OwnerIndex], R]) -> R:
         """`work(index)` on the owner's index, holding it meanwhile."""
         name = f"{tenant}__{subject_id}"
         while True:
-            index, lock, unused = self._get(name)
+            index, lock = self._get(name)
             with lock:
                 if self._open.get(name) is index:  # not evicted in between
-                    result = work(index)
-                    break
-        self._close_writers(unused)
-        return result
+                    return work(index)
 
-    def _get(self, name: str) -> tuple[OwnerIndex, threading.Lock, list[OwnerIndex]]:
-        """The index (opened if need be, now the most recent), its lock, and the writers that
-        are no longer among the `WRITERS_KEPT` most recent."""
+    def _get(self, name: str) -> tuple[OwnerIndex, threading.Lock]:
+        """The index (opened if need be, now the most recent) and its lock; the least recent
+        ones beyond the limit are closed (their waiting documents committed)."""
         with self._lock:
             index = self._open.get(name)
             if index is None:
@@ -349,29 +376,19 @@ class TextIndexes:
                         del self._locks[old]
                     finally:
                         lock.release()
-            writers = [i for i in reversed(self._open.values()) if i.writing]
-            return index, self._locks[name], writers[WRITERS_KEPT:]
-
-    def _close_writers(self, unused: list[OwnerIndex]) -> None:
-        for index in unused:
-            lock = self._locks.get(index.root.name)
-            if lock is not None and lock.acquire(blocking=False):  # in use: closed later
-                try:
-                    index.close()
-                finally:
-                    lock.release()
+            return index, self._locks[name]
 
     def commit_due(self) -> float | None:
-        """Commit the indexes whose last commit is `COMMIT_EVERY_S` old; the seconds until the
-        next one is due (None: nothing left to commit). An index in use is left to its user
-        (a search commits first) and tried again a little later."""
+        """Commit the indexes whose first waiting document is `COMMIT_EVERY_S` old; the seconds
+        until the next one is due (None: nothing left to commit). An index in use is left to
+        its user and tried again a little later."""
         with self._lock:
             pending = [(index, self._locks[name]) for name, index in self._open.items()
                        if index.pending]
         now = time.monotonic()
         wait = None
         for index, lock in pending:
-            due = index.committed_at + COMMIT_EVERY_S - now
+            due = index.added_at + COMMIT_EVERY_S - now
             if due <= 0:
                 if lock.acquire(blocking=False):
                     try:
@@ -384,7 +401,7 @@ class TextIndexes:
         return wait
 
     def close(self) -> None:
-        """Commit every index and release every writer."""
+        """Commit every index."""
         with self._lock:
             for name, index in self._open.items():
                 with self._locks[name]:
