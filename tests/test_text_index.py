@@ -97,7 +97,7 @@ def committed_ids(root: Path, limit: int = 100) -> set[str]:
     return {searcher.doc(address)["memory_id"][0] for _, address in hits}
 
 
-def test_added_documents_wait_until_due_and_searches_commit_those_they_may_find(
+def test_added_documents_wait_until_due_and_searches_find_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1000.0]
@@ -109,15 +109,48 @@ def test_added_documents_wait_until_due_and_searches_commit_those_they_may_find(
     assert owner.rank("release notes", IDS) == []  # "deploy" holds neither word: it waits
     assert committed_ids(tmp_path / "ws__member") == set()
     owner.add(MEMORIES[1:2])
-    assert owner.rank("release notes", IDS) == ["release"]  # it may match: committed first
+    # no committed document holds these words: nothing to score it by, so committed first
+    assert owner.rank("release notes", IDS) == ["release"]
     assert committed_ids(tmp_path / "ws__member") == {"deploy", "release"}
     assert indexes.commit_due() is None
-    owner.add(MEMORIES[2:3])
+    owner.add([("notes", "Notes from the release review")])
+    assert owner.rank("release notes") == ["notes", "release"]  # scored while it waits (shorter)
+    assert committed_ids(tmp_path / "ws__member") == {"deploy", "release"}
     clock[0] += text_index.COMMIT_EVERY_S - 1
     assert indexes.commit_due() == 1
     clock[0] += 1
     assert indexes.commit_due() is None
-    assert committed_ids(tmp_path / "ws__member") == set(IDS[:3])
+    assert committed_ids(tmp_path / "ws__member") == {"deploy", "release", "notes"}
+
+
+CORPUS = [  # lengths below and above 40 tokens (stored rounded), repeated words, CJK
+    ("short", "release notes"),
+    ("repeat", "release release release of the notes"),
+    ("long", "the release " + "of many other words " * 12 + "notes at the end"),
+    ("longer", "notes " + "padding words to make it long " * 30 + "release"),
+    ("cjk", "リリースノートは毎週月曜日に出る release"),
+    ("other", "nothing in common here"),
+]
+
+
+@pytest.mark.parametrize("query", ["release notes", "notes", "release of notes today",
+                                   "リリースノート", "毎週 release"])
+def test_a_waiting_document_is_scored_as_tantivy_scores_it(tmp_path: Path, query: str) -> None:
+    """Every document committed, then all added again (the same text): each now waits, and is
+    scored here with the same statistics; the ranking and scores are Tantivy's own."""
+    owner = OwnerIndex(tmp_path / "owner")
+    turns = {memory_id: text + " and the release notes again" for memory_id, text in CORPUS}
+    owner.add(CORPUS, turns)
+    owner.commit()
+    ranked, context = owner.rank(query), owner.rank_context(query)
+    assert ranked and context
+    owner.add(CORPUS, turns)
+    assert owner.pending
+    assert owner.rank(query) == ranked
+    again = owner.rank_context(query)
+    assert [i for i, _ in again] == [i for i, _ in context]
+    assert [s for _, s in again] == pytest.approx([s for _, s in context], rel=1e-5)
+    assert owner.pending  # scored, not committed
 
 
 def test_a_search_finds_every_document_it_would_find_after_a_commit(tmp_path: Path) -> None:

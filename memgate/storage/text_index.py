@@ -16,19 +16,20 @@ only (`rank_context`); `rank` may leave the turns out (the conversation channels
 (made before a schema change) is not opened but removed, and the indexer's catch-up re-adds
 every version from storage.
 
-Why added documents wait, and searches commit only when they must: a Tantivy commit costs ~5 ms
-of CPU whatever it holds (it ends the writer's segment: its indexing thread is joined and a new
-one started, with a fresh 4 MB term table; ~9 ms with opening and closing the writer), and an
-owner who remembers and recalls in turn would pay one per remember. Added documents are therefore
-kept here, with the terms they hold, and written in one writer session (open, add, commit,
-close: no writer stays open between commits) `COMMIT_EVERY_S` after the first of them, or at
-once past `PENDING_AT_MOST`. A search commits them first only when one of them holds one of the
-query's terms (analysed as Tantivy analyses `text`, `tests/test_text_index.py` checks the two
-agree): a document that holds none cannot match, so a search sees every document it would find
-after a commit. Until then the BM25 statistics (number of documents, average length) leave the
-waiting ones out, by a few documents in thousands. Documents a crash loses are harmless: a
-restarted indexer loads each owner's catalog before it ranks for it, and indexes every version
-the index lacks.
+Why added documents wait, and searches do not commit them: a Tantivy commit costs ~5 ms of CPU
+whatever it holds (it ends the writer's segment: its indexing thread is joined and a new one
+started, with a fresh 4 MB term table; ~9 ms with opening and closing the writer), and an owner
+who remembers and recalls in turn would pay one per remember. Added documents are therefore kept
+here, with their tokens, and written in one writer session (open, add, commit, close: no writer
+stays open between commits) `COMMIT_EVERY_S` after the first of them, or at once past
+`PENDING_AT_MOST`. A search meanwhile searches the committed index and scores the waiting
+documents that match as Tantivy would (`bm25`: the same formula and field lengths, the committed
+index's statistics), so a memory is found by its words as soon as it is added. Only when that
+cannot be done (a query word Tantivy searches as a phrase, a field of which no committed
+document holds a query term) does a search commit first. Tokens are Tantivy's own (`EN_STEM`
+is its `en_stem`; tests check both the tokens and the scores). Documents a crash loses are
+harmless: a restarted indexer loads each owner's catalog before it ranks for it, and indexes
+every version the index lacks.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ import shutil
 import threading
 import time
 import unicodedata
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import tantivy
+
+from memgate.storage.bm25 import FieldStats, field_stats, term_score
 
 R = TypeVar("R")
 
@@ -100,6 +104,31 @@ def terms(words: str, grams: str) -> set[str]:
     return {*EN_STEM.analyze(words), *grams.split()}
 
 
+class Waiting(NamedTuple):
+    """A document added and not committed, with each text field's tokens (to score it)."""
+
+    document: tantivy.Document
+    tokens: dict[str, list[str]]
+    turn: bool
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a search looks for: its query, and the clauses `bm25` needs to score a waiting
+    document alike: the words (each one's tokens; one at least `at_least` of them must match)
+    in `fields[0]`, and the CJK n-grams (any one) in `fields[1]`."""
+
+    query: tantivy.Query | None
+    fields: tuple[str, str]
+    words: list[list[str]] = field(default_factory=list)
+    at_least: int = 1
+    grams: list[str] = field(default_factory=list)
+
+    @property
+    def terms(self) -> set[str]:
+        return {*(token for word in self.words for token in word), *self.grams}
+
+
 def _format(generation: Path) -> str:
     """The format a generation directory was made in ("" when it is not complete)."""
     try:
@@ -126,8 +155,8 @@ SCHEMA = _schema()
 class OwnerIndex:
     """One owner's index: generation directories `gen-N`, the newest complete one is live.
 
-    Documents added wait here until `commit` writes them (searches commit first when one of
-    them may match); `close` commits."""
+    Documents added wait here until `commit` writes them (searches score them meanwhile);
+    `close` commits."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -140,7 +169,7 @@ class OwnerIndex:
             if path.name != f"gen-{self.generation}":
                 shutil.rmtree(path)
         self._index = self._open(self.generation)
-        self._waiting: dict[str, tantivy.Document] = {}  # added, not yet written, by id
+        self._waiting: dict[str, Waiting] = {}  # added, not yet written, by id
         self._terms: set[str] = set()  # the terms of the waiting documents' text fields
         self._context_terms: set[str] = set()  # and of their context fields
         self.added_at = 0.0  # time.monotonic() when the first waiting document was added
@@ -183,9 +212,11 @@ class OwnerIndex:
             document = tantivy.Document(memory_id=memory_id, text=words, cjk=grams,
                                         ctx=ctx_words, ctx_cjk=ctx_grams)
             document.add_unsigned("turn", int(memory_id in contexts))
-            self._waiting[memory_id] = document
-            self._terms |= terms(words, grams)
-            self._context_terms |= terms(ctx_words, ctx_grams)
+            tokens = {"text": EN_STEM.analyze(words), "cjk": grams.split(),
+                      "ctx": EN_STEM.analyze(ctx_words), "ctx_cjk": ctx_grams.split()}
+            self._waiting[memory_id] = Waiting(document, tokens, memory_id in contexts)
+            self._terms.update(tokens["text"], tokens["cjk"])
+            self._context_terms.update(tokens["ctx"], tokens["ctx_cjk"])
             self.ids.add(memory_id)
         if len(self._waiting) >= PENDING_AT_MOST:
             self.commit()
@@ -196,9 +227,9 @@ class OwnerIndex:
             return
         writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
         try:
-            for memory_id, document in self._waiting.items():
+            for memory_id, waiting in self._waiting.items():
                 writer.delete_documents_by_term("memory_id", memory_id)
-                writer.add_document(document)
+                writer.add_document(waiting.document)
             writer.commit()
         except BaseException:
             writer.rollback()
@@ -233,47 +264,34 @@ class OwnerIndex:
         (path / READY).write_text(FORMAT)
         shutil.rmtree(self._path(old))
 
-    def _searcher(self, wanted: set[str] | None = None, *, context: bool = False,
-                  ) -> tantivy.Searcher:
-        """A searcher that finds every added document holding one of the `wanted` terms (in
-        the context fields with `context`; None: any document)."""
-        waiting = self._context_terms if context else self._terms
-        if self._waiting and (wanted is None or not waiting.isdisjoint(wanted)):
-            self.commit()
+    def _searcher(self) -> tantivy.Searcher:
+        """A searcher of every document added so far (committed first)."""
+        self.commit()
         return self._index.searcher()
 
-    def _queries(self, query: str, field: str, grams_field: str,
-               ) -> tuple[list[tantivy.Query], list[tantivy.Query], set[str]]:
-        """The query's distinct content words (stopwords out) as queries on `field`, its CJK
-        n-grams (lone hiragana out) as queries on `grams_field`, and the terms of both."""
+    def _matching(self, query: str, *, context: bool = False) -> Match:
+        """Documents that share at least half of the query's distinct content words (stopwords
+        out) or, for CJK queries, any of its character n-grams (lone hiragana out); no query
+        when it has no content. One shared common word out of many is noise that would
+        otherwise outvote the cosine ranking in the fusion. With `context`, the context fields,
+        and any one content word matches: a turn's context is long, and its score ranks it
+        (`rank_context` cuts it)."""
+        fields = ("ctx", "ctx_cjk") if context else ("text", "cjk")
         words, grams = split_text(QUERY_SYNTAX.sub(" ", query))
         content = list(dict.fromkeys(w for w in re.findall(r"\w+", words) if w not in STOPWORDS))
-        word_queries = [self._index.parse_query_lenient(w, [field])[0] for w in content]
         kept = [g for g in dict.fromkeys(grams.split()) if not HIRAGANA.match(g)]
-        gram_queries = [tantivy.Query.term_query(SCHEMA, grams_field, g) for g in kept]
-        return word_queries, gram_queries, terms(" ".join(content), " ".join(kept))
-
-    def _matching(self, query: str, *, context: bool = False,
-                  ) -> tuple[tantivy.Query | None, set[str]]:
-        """Documents that share at least half of the query's distinct content words (or, for
-        CJK queries, any of its character n-grams); None when the query has no content.
-        One shared common word out of many is noise that would otherwise outvote the cosine
-        ranking in the fusion. With `context`, the context fields, and any one content word
-        matches: a turn's context is long, and its score ranks it (`rank_context` cuts it).
-        Also the terms searched for."""
-        fields = ("ctx", "ctx_cjk") if context else ("text", "cjk")
-        word_queries, gram_queries, wanted = self._queries(query, *fields)
-        if not (word_queries or gram_queries):
-            return None, wanted
+        at_least = 1 if context else (len(content) + 1) // 2
         should = tantivy.Occur.Should
         parts = []
-        if word_queries:  # at least half of the content words (any one, in the context)
+        if content:
             parts.append((should, tantivy.Query.boolean_query(
-                [(should, q) for q in word_queries],
-                minimum_number_should_match=1 if context else (len(word_queries) + 1) // 2)))
-        if gram_queries:
-            parts.append((should, tantivy.Query.boolean_query([(should, q) for q in gram_queries])))
-        return tantivy.Query.boolean_query(parts), wanted
+                [(should, self._index.parse_query_lenient(w, [fields[0]])[0]) for w in content],
+                minimum_number_should_match=at_least)))
+        if kept:
+            parts.append((should, tantivy.Query.boolean_query(
+                [(should, tantivy.Query.term_query(SCHEMA, fields[1], g)) for g in kept])))
+        return Match(tantivy.Query.boolean_query(parts) if parts else None, fields,
+                     [EN_STEM.analyze(w) for w in content], at_least, kept)
 
     def rank(self, query: str, allowed: Collection[str] | None = None,
              depth: int | None = None, *, blocked: Collection[str] = (),
@@ -286,12 +304,13 @@ class OwnerIndex:
         them the whole index is searched and the blocked ids are skipped: cheaper when few
         documents are blocked (superseded versions, other namespaces).
         """
-        matching, wanted = self._matching(query)
-        if matching is not None and not turns:
-            matching = tantivy.Query.boolean_query([
-                (tantivy.Occur.Must, matching),
-                (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))])
-        hits = self._search(matching, allowed, depth, blocked, wanted)
+        match = self._matching(query)
+        if match.query is not None and not turns:
+            match = Match(tantivy.Query.boolean_query([
+                (tantivy.Occur.Must, match.query),
+                (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))]),
+                match.fields, match.words, match.at_least, match.grams)
+        hits = self._search(match, allowed, depth, blocked, turns=turns)
         return [memory_id for _, memory_id in hits]
 
     def rank_context(self, query: str, allowed: Collection[str] | None = None,
@@ -299,16 +318,18 @@ class OwnerIndex:
                      ) -> list[tuple[str, float]]:
         """(id, BM25 score) of the turns whose context documents match `query` (any content
         word), best first; filtered as `rank`."""
-        matching, wanted = self._matching(query, context=True)
-        hits = self._search(matching, allowed, depth, blocked, wanted, context=True)
+        hits = self._search(self._matching(query, context=True), allowed, depth, blocked)
         return [(memory_id, score) for score, memory_id in hits]
 
-    def _search(self, matching: tantivy.Query | None, allowed: Collection[str] | None,
-                depth: int | None, blocked: Collection[str], wanted: set[str], *,
-                context: bool = False) -> list[tuple[float, str]]:
-        """(score, id) of the best `depth` documents `matching` (which searches for the
-        `wanted` terms) finds among the allowed ones."""
-        if allowed is not None and not blocked:
+    def _search(self, match: Match, allowed: Collection[str] | None, depth: int | None,
+                blocked: Collection[str], *, turns: bool = True) -> list[tuple[float, str]]:
+        """(score, id) of the best `depth` documents `match` finds among the allowed ones; a
+        waiting document it may find is scored as Tantivy would (`bm25`), or committed first
+        when that cannot be done."""
+        matching = match.query
+        restricted = allowed is not None and not blocked
+        if restricted:
+            assert allowed is not None
             depth = len(allowed) if depth is None else depth
             if matching is None or not allowed or depth <= 0:
                 return []
@@ -317,14 +338,60 @@ class OwnerIndex:
             matching = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
                                                     (tantivy.Occur.Must, restrict)])
             blocked = ()
-        searcher = self._searcher(wanted, context=context)
-        depth = searcher.num_docs if depth is None else depth
+        waiting = self._context_terms if match.fields[0] == "ctx" else self._terms
+        scored: list[tuple[float, str]] = []
+        if self._waiting and not waiting.isdisjoint(match.terms):
+            waiting_hits = self._score_waiting(match, allowed if restricted else None, blocked,
+                                               turns)
+            if waiting_hits is None:  # not to be scored here: committed first
+                self.commit()
+            scored = waiting_hits or []
+        searcher = self._index.searcher()
+        depth = searcher.num_docs + len(scored) if depth is None else depth
         if matching is None or depth <= 0:
             return []
-        hits = searcher.search(matching, limit=depth + len(blocked)).hits
+        hits = searcher.search(matching, limit=depth + len(blocked) + len(self._waiting)).hits
         found = ((score, searcher.doc(address)["memory_id"][0]) for score, address in hits)
-        return [(score, memory_id) for score, memory_id in found
-                if memory_id not in blocked][:depth]
+        committed = [(score, memory_id) for score, memory_id in found
+                     if memory_id not in blocked and memory_id not in self._waiting]
+        merged = sorted(committed + scored, key=lambda hit: -hit[0])  # stable: ties keep order
+        return merged[:depth]
+
+    def _score_waiting(self, match: Match, allowed: Collection[str] | None,
+                       blocked: Collection[str], turns: bool) -> list[tuple[float, str]] | None:
+        """(score, id) of the waiting documents `match` finds, scored with the committed
+        statistics; None when that cannot be done as Tantivy would: a word that is a phrase
+        (several tokens), or a field of which no committed document holds a query term."""
+        if any(len(word) > 1 for word in match.words):
+            return None
+        searcher = self._index.searcher()
+        stats: dict[str, FieldStats | None] = {}
+        scored = []
+        for memory_id, waiting in self._waiting.items():
+            if ((allowed is not None and memory_id not in allowed) or memory_id in blocked
+                    or (waiting.turn and not turns)):
+                continue
+            score, matched = 0.0, False
+            for field_name, clauses, at_least in (
+                    (match.fields[0], [w[0] for w in match.words if w], match.at_least),
+                    (match.fields[1], match.grams, 1)):
+                tokens = waiting.tokens[field_name]
+                counts = Counter(tokens)
+                held = [term for term in clauses if term in counts]
+                if not held or len(held) < at_least:
+                    continue
+                if field_name not in stats:
+                    stats[field_name] = field_stats(searcher, SCHEMA, field_name, clauses)
+                field_stat = stats[field_name]
+                if field_stat is None:
+                    return None
+                score += sum(term_score(counts[term], len(tokens),
+                                        searcher.doc_freq(field_name, term), field_stat)
+                             for term in held)
+                matched = True
+            if matched:
+                scored.append((score, memory_id))
+        return scored
 
     def terms_with_prefix(self, field: str, prefix: str) -> list[str]:
         """The indexed terms of `field` that start with `prefix` (without their frequencies)."""
