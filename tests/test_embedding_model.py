@@ -11,7 +11,7 @@ import pytest
 
 from memgate.app.settings import BUNDLED_TOKENIZER, Settings, default_model
 from memgate.embedding import OnnxEmbedder
-from memgate.embedding.quantized import agrees, compute_model, fused_attention
+from memgate.embedding.quantized import compute_model
 
 TEXTS = [
     "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
@@ -65,26 +65,3 @@ def test_a_model_that_cannot_be_quantized_runs_as_it_is(tmp_path: Path,
         assert compute_model(broken, compute="int8", cache=tmp_path / "cache") == broken
     assert "kept in float compute" in caplog.text
     assert not list((tmp_path / "cache").glob("*.onnx"))
-
-
-def test_each_layers_attention_is_one_node_giving_the_exported_output(int8_file: Path,
-                                                                      tmp_path: Path) -> None:
-    import onnx
-    import onnxruntime as ort
-
-    assert sum(n.op_type == "MultiHeadAttention" for n in onnx.load(str(int8_file)).graph.node) == 6
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = str(tmp_path / "folded.onnx")
-    ort.InferenceSession(str(default_model()), options, providers=["CPUExecutionProvider"])
-    exported = onnx.load(str(tmp_path / "folded.onnx"))
-    fused = fused_attention(exported, 12)
-    assert fused is not None and agrees(fused, exported)
-    assert len(fused.graph.node) < len(exported.graph.node) / 2
-    wrong_heads = fused_attention(exported, 6)
-    assert wrong_heads is not None and not agrees(wrong_heads, exported)
-    for bias in exported.graph.initializer:  # a model of another layout is left as exported
-        bias.name = bias.name.replace("attention.self.key", "attn.k")
-    for node in exported.graph.node:
-        node.input[:] = [i.replace("attention.self.key", "attn.k") for i in node.input]
-    assert fused_attention(exported, 12) is None
