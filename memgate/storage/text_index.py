@@ -41,7 +41,7 @@ import time
 import unicodedata
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -99,16 +99,11 @@ def split_text(text: str) -> tuple[str, str]:
     return CJK.sub(" ", folded), " ".join(cjk_grams(folded))
 
 
-def terms(words: str, grams: str) -> set[str]:
-    """The terms that the words (as `en_stem` analyses them) and the CJK n-grams index."""
-    return {*EN_STEM.analyze(words), *grams.split()}
-
-
 class Waiting(NamedTuple):
-    """A document added and not committed, with each text field's tokens (to score it)."""
+    """A document added and not committed, with each text field's token counts (to score it)."""
 
     document: tantivy.Document
-    tokens: dict[str, list[str]]
+    counts: dict[str, Counter[str]]
     turn: bool
 
 
@@ -123,10 +118,6 @@ class Match:
     words: list[list[str]] = field(default_factory=list)
     at_least: int = 1
     grams: list[str] = field(default_factory=list)
-
-    @property
-    def terms(self) -> set[str]:
-        return {*(token for word in self.words for token in word), *self.grams}
 
 
 def _format(generation: Path) -> str:
@@ -170,8 +161,6 @@ class OwnerIndex:
                 shutil.rmtree(path)
         self._index = self._open(self.generation)
         self._waiting: dict[str, Waiting] = {}  # added, not yet written, by id
-        self._terms: set[str] = set()  # the terms of the waiting documents' text fields
-        self._context_terms: set[str] = set()  # and of their context fields
         self.added_at = 0.0  # time.monotonic() when the first waiting document was added
         self.ids = self._stored_ids()
 
@@ -212,11 +201,10 @@ class OwnerIndex:
             document = tantivy.Document(memory_id=memory_id, text=words, cjk=grams,
                                         ctx=ctx_words, ctx_cjk=ctx_grams)
             document.add_unsigned("turn", int(memory_id in contexts))
-            tokens = {"text": EN_STEM.analyze(words), "cjk": grams.split(),
-                      "ctx": EN_STEM.analyze(ctx_words), "ctx_cjk": ctx_grams.split()}
-            self._waiting[memory_id] = Waiting(document, tokens, memory_id in contexts)
-            self._terms.update(tokens["text"], tokens["cjk"])
-            self._context_terms.update(tokens["ctx"], tokens["ctx_cjk"])
+            counts = {"text": Counter(EN_STEM.analyze(words)), "cjk": Counter(grams.split()),
+                      "ctx": Counter(EN_STEM.analyze(ctx_words)),
+                      "ctx_cjk": Counter(ctx_grams.split())}
+            self._waiting[memory_id] = Waiting(document, counts, memory_id in contexts)
             self.ids.add(memory_id)
         if len(self._waiting) >= PENDING_AT_MOST:
             self.commit()
@@ -241,7 +229,6 @@ class OwnerIndex:
 
     def _discard(self) -> None:
         self._waiting = {}
-        self._terms, self._context_terms = set(), set()
 
     def close(self) -> None:
         self.commit()
@@ -306,10 +293,9 @@ class OwnerIndex:
         """
         match = self._matching(query)
         if match.query is not None and not turns:
-            match = Match(tantivy.Query.boolean_query([
+            match = replace(match, query=tantivy.Query.boolean_query([
                 (tantivy.Occur.Must, match.query),
-                (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))]),
-                match.fields, match.words, match.at_least, match.grams)
+                (tantivy.Occur.MustNot, tantivy.Query.term_query(SCHEMA, "turn", 1))]))
         hits = self._search(match, allowed, depth, blocked, turns=turns)
         return [memory_id for _, memory_id in hits]
 
@@ -338,15 +324,12 @@ class OwnerIndex:
             matching = tantivy.Query.boolean_query([(tantivy.Occur.Must, matching),
                                                     (tantivy.Occur.Must, restrict)])
             blocked = ()
-        waiting = self._context_terms if match.fields[0] == "ctx" else self._terms
-        scored: list[tuple[float, str]] = []
-        if self._waiting and not waiting.isdisjoint(match.terms):
-            waiting_hits = self._score_waiting(match, allowed if restricted else None, blocked,
-                                               turns)
-            if waiting_hits is None:  # not to be scored here: committed first
-                self.commit()
-            scored = waiting_hits or []
         searcher = self._index.searcher()
+        scored = self._score_waiting(searcher, match, allowed if restricted else None, blocked,
+                                     turns)
+        if scored is None:  # not to be scored here: committed first
+            self.commit()
+            searcher, scored = self._index.searcher(), []
         depth = searcher.num_docs + len(scored) if depth is None else depth
         if matching is None or depth <= 0:
             return []
@@ -357,37 +340,45 @@ class OwnerIndex:
         merged = sorted(committed + scored, key=lambda hit: -hit[0])  # stable: ties keep order
         return merged[:depth]
 
-    def _score_waiting(self, match: Match, allowed: Collection[str] | None,
-                       blocked: Collection[str], turns: bool) -> list[tuple[float, str]] | None:
-        """(score, id) of the waiting documents `match` finds, scored with the committed
-        statistics; None when that cannot be done as Tantivy would: a word that is a phrase
-        (several tokens), or a field of which no committed document holds a query term."""
+    def _score_waiting(self, searcher: tantivy.Searcher, match: Match,
+                       allowed: Collection[str] | None, blocked: Collection[str], turns: bool,
+                       ) -> list[tuple[float, str]] | None:
+        """(score, id) of the waiting documents `match` finds, scored with the statistics of
+        `searcher` (the committed index); None when one may match and that cannot be done as
+        Tantivy would: a word that is a phrase (several tokens), or a field of which no
+        committed document holds a query term."""
+        parts = [(match.fields[0], [w[0] for w in match.words if w], match.at_least),
+                 (match.fields[1], match.grams, 1)]
+        candidates = [(memory_id, waiting) for memory_id, waiting in self._waiting.items()
+                      if any(term in waiting.counts[name] for name, clauses, _ in parts
+                             for term in clauses)]
+        if not candidates:
+            return []
         if any(len(word) > 1 for word in match.words):
             return None
-        searcher = self._index.searcher()
         stats: dict[str, FieldStats | None] = {}
+        doc_freqs: dict[tuple[str, str], int] = {}
         scored = []
-        for memory_id, waiting in self._waiting.items():
+        for memory_id, waiting in candidates:
             if ((allowed is not None and memory_id not in allowed) or memory_id in blocked
                     or (waiting.turn and not turns)):
                 continue
             score, matched = 0.0, False
-            for field_name, clauses, at_least in (
-                    (match.fields[0], [w[0] for w in match.words if w], match.at_least),
-                    (match.fields[1], match.grams, 1)):
-                tokens = waiting.tokens[field_name]
-                counts = Counter(tokens)
+            for name, clauses, at_least in parts:
+                counts = waiting.counts[name]
                 held = [term for term in clauses if term in counts]
                 if not held or len(held) < at_least:
                     continue
-                if field_name not in stats:
-                    stats[field_name] = field_stats(searcher, SCHEMA, field_name, clauses)
-                field_stat = stats[field_name]
+                if name not in stats:
+                    stats[name] = field_stats(searcher, SCHEMA, name, clauses)
+                field_stat = stats[name]
                 if field_stat is None:
                     return None
-                score += sum(term_score(counts[term], len(tokens),
-                                        searcher.doc_freq(field_name, term), field_stat)
-                             for term in held)
+                for term in held:
+                    if (name, term) not in doc_freqs:
+                        doc_freqs[name, term] = searcher.doc_freq(name, term)
+                    score += term_score(counts[term], counts.total(), doc_freqs[name, term],
+                                        field_stat)
                 matched = True
             if matched:
                 scored.append((score, memory_id))
