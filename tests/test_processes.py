@@ -21,7 +21,7 @@ from memgate.bus import MemgateClient
 from memgate.contracts.errors import MemgateError
 from tests.conftest import ADMIN_TOKEN, eventually, free_port
 
-GROUPS = ("store", "index", "recall", "front")  # every kind of child process
+GROUPS = ("store", "index", "front")  # every kind of child process
 AGENTS = 4
 PACE_S = 0.1  # between one agent's remembers: a steady load, not a saturating one
 
@@ -203,13 +203,13 @@ def progressed(loads: list[Load], n: int) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-async def test_workers_run_several_front_and_recall_processes_and_ctrl_c_stops_them_all(
+async def test_workers_run_several_front_processes_and_ctrl_c_stops_them_all(
     tmp_path: Path,
 ) -> None:
     async with memgate_up(tmp_path / "data", MEMGATE_WORKERS="2") as up:
         groups = [cmdline.split("--group ")[1].split()[0]
                   for cmdline in children(up.process.pid).values() if "--group " in cmdline]
-        assert sorted(groups) == ["front", "front", "index", "recall", "recall", "store"]
+        assert sorted(groups) == ["front", "front", "index", "store"]
         agent = await new_agent(up, up.http)
         stored = await asyncio.gather(*(agent.remember("n", f"note {i}") for i in range(20)))
         listed = (await agent.list(namespace="n", limit=100)).memories
@@ -218,7 +218,7 @@ async def test_workers_run_several_front_and_recall_processes_and_ctrl_c_stops_t
             assert await healthy(up.http)
         await agent.close()
         everyone = list(children(up.process.pid))  # the children and the nats-server
-        assert len(everyone) == 7
+        assert len(everyone) == 5
         up.process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(up.process.wait(), 60) == 0
         assert [pid for pid in everyone if alive(pid)] == []

@@ -136,9 +136,12 @@ class RecallActor:
             request.model_copy(update={"vector": (await vector).tolist()}))
 
     async def recall(self, payload: bytes) -> RecallResult:
+        return await self.answer(parse(RecallQuery, payload))
+
+    async def answer(self, query: RecallQuery) -> RecallResult:
+        """The recall of `query` (also called in process: `runtime.local`)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        query = parse(RecallQuery, payload)
         assert self._batcher is not None, "start() first"
         vector = asyncio.ensure_future(self._batcher.embed(query.query))
         filters = RecallFilters(owner=query.owner, namespace=query.namespace,

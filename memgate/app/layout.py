@@ -2,9 +2,9 @@
 
 Each DuckDB file and Tantivy directory has exactly one owner: the `store` group holds every
 single writer of DuckDB (directory, registry, storage.pN) except the vectors, which the
-embedder of the `index` group owns beside its partition's Tantivy index. The stateless groups
-(`front`: REST + governance; `recall`) run `workers` processes each, sharing their queue groups
-(and, for REST, one listening socket). The nats-authority stays in the supervisor, which owns the
+embedder of the `index` group owns beside its partition's Tantivy index. The stateless `front`
+group (REST + governance + recall, which governance asks in process: `runtime.local`) runs
+`workers` processes, sharing their queue groups and one listening socket. The nats-authority stays in the supervisor, which owns the
 embedded server it reconfigures.
 """
 
@@ -44,8 +44,8 @@ def groups(settings: Settings) -> list[Group]:
                                   *(f"storage.{p}" for p in partitions)})),
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
                                   *(f"embedder.{p}" for p in partitions)})),
-        Group("recall", frozenset({"recall"}), stateless=True),
-        Group(FRONT, frozenset({"governance", "space-memories"}), stateless=True, rest=True),
+        Group(FRONT, frozenset({"governance", "space-memories", "recall"}), stateless=True,
+              rest=True),
     ]
 
 

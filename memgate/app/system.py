@@ -35,9 +35,12 @@ from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
+from memgate.contracts.internal import RecallQuery
 from memgate.policy.lifecycle import Rules
+from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
 from memgate.runtime.actor import Actor
+from memgate.runtime.local import InProcess, Local
 from memgate.storage import Limits
 
 log = logging.getLogger("memgate")
@@ -57,18 +60,37 @@ def admin_token(settings: Settings) -> str:
 
 
 def build_actors(settings: Settings, kinds: KindConnections, *,
-                 nats_authority: bool = False) -> list[Actor]:
+                 nats_authority: bool = False, recall_here: bool = True) -> list[Actor]:
     """Every actor; each talks to the bus over its kind's connection (`kinds`).
-    `nats_authority`: this process runs the embedded server and its nats-authority."""
+    `nats_authority`: this process runs the embedded server and its nats-authority;
+    `recall_here`: so does recall, which governance and space-memories then ask in process."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
     model = settings.compute_model()
+    recall = RecallActor.on_bus(
+        bus("recall"), partitions=settings.partitions, window=settings.recall_window,
+        rrf_k=settings.recall_rrf_k, cosine_deadline_ms=settings.recall_cosine_deadline_ms,
+        bm25_deadline_ms=settings.recall_bm25_deadline_ms, depth=settings.recall_depth,
+        depth_bm25=settings.recall_depth_bm25, weights=settings.recall_weights(),
+        sequence=settings.recall_sequence(), model=model,
+        tokenizer=settings.embedding_tokenizer, batch=settings.embedding_batch)
+
+    def asks(kind: str) -> Requester:
+        """The requests of an actor that asks recall: answered in process when recall runs
+        here (`runtime.local`), else over the bus."""
+        if not recall_here:
+            return bus(kind)
+        return InProcess(bus(kind),
+                         {subjects.recall_internal(): Local(RecallQuery, recall.answer)},
+                         timeout=settings.request_timeout_s)
+
     actors: list[Actor] = [
         DirectoryActor(path=data / "directory.duckdb",
                        admin_token=lambda: admin_token(settings), bus=bus("directory"),
                        partitions=settings.partitions, nats_authority=nats_authority),
-        GovernanceActor.on_bus(bus("governance"), partitions=settings.partitions),
-        SpaceMemoriesActor.on_bus(bus("space-memories"), partitions=settings.partitions,
+        recall,
+        GovernanceActor.on_bus(asks("governance"), partitions=settings.partitions),
+        SpaceMemoriesActor.on_bus(asks("space-memories"), partitions=settings.partitions,
                                   chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
                                   extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
@@ -92,16 +114,6 @@ def build_actors(settings: Settings, kinds: KindConnections, *,
                       retry_max_s=settings.lifecycle_retry_max_s,
                       extract_timeout_s=settings.lifecycle_extract_timeout_s,
                       purge_after_s=settings.sessions_purge_after_s),
-        RecallActor.on_bus(bus("recall"), partitions=settings.partitions,
-                           window=settings.recall_window,
-                           rrf_k=settings.recall_rrf_k,
-                           cosine_deadline_ms=settings.recall_cosine_deadline_ms,
-                           bm25_deadline_ms=settings.recall_bm25_deadline_ms,
-                           depth=settings.recall_depth, depth_bm25=settings.recall_depth_bm25,
-                           weights=settings.recall_weights(),
-                           sequence=settings.recall_sequence(),
-                           model=model, tokenizer=settings.embedding_tokenizer,
-                           batch=settings.embedding_batch),
     ]
     for partition in settings.partition_names():
         root = data / "partitions" / partition
@@ -233,7 +245,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
     here too, else its owner calls `sync()` once the directory listens."""
     kinds = KindConnections(bus, timeout=settings.request_timeout_s)
-    actors = build_actors(settings, kinds, nats_authority=server is not None)
+    actors = build_actors(settings, kinds, nats_authority=server is not None,
+                          recall_here="recall" not in skip and (only is None or "recall" in only))
     authority = None
     if server is not None:
         authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),
