@@ -11,7 +11,8 @@
 `memgate up` starts with its defaults (`bench.harness.memgate_up`, which only lifts the remember
 limits per credential and member). Every agent is a member of one workspace with its own
 credential (memory:read, memory:write) and its own NATS NKey login (`POST /api/admin/nats-agents`);
-each is preloaded with `--memories` memories (concurrent remembers over the bus), then the
+each is preloaded with `--memories` memories (concurrent remembers over the bus) on a `memgate up`
+of its own per agent count and run (rows do not rank over what other rows remembered), then the
 benchmark waits until every consumer of the events stream is idle, as it does again after every
 scenario ("drain s").
 
@@ -457,6 +458,28 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+async def fresh_instance(block: list[Scenario], args: argparse.Namespace, knobs: Knobs,
+                         overrides: dict[str, str]) -> list[Result]:
+    """The scenarios of one agent count, in order, on a `memgate up` of their own (so a row
+    does not rank over what the scenarios of other agent counts remembered)."""
+    async with AsyncExitStack() as stack:
+        running = await stack.enter_async_context(memgate_up(**overrides))
+        http = await stack.enter_async_context(httpx.AsyncClient(
+            base_url=running.http_url, timeout=30,
+            limits=httpx.Limits(max_connections=args.max_in_flight + 64)))
+        logins = await enrol(running, block[0].agents)
+        agents, connect_errors = await connect(running, logins, http, stack)
+        rate = await preload(agents, args.memories, in_flight=64)
+        drained = await events_idle(running)
+        print(f"{len(agents)} agents ({sum(connect_errors.values())} NATS connection retries) × "
+              f"{args.memories} memories preloaded at {rate:.0f} remembers/s on a fresh memgate "
+              f"up; events drained {drained:.1f} s later", flush=True)
+        for agent in agents:  # open every connection before measuring
+            await agent.bus.recall("warm up")
+            await agent.rest.recall("warm up")
+        return [await run_scenario(running, agents, scenario, knobs) for scenario in block]
+
+
 async def main() -> None:
     args = parse_args()
     plan = scenarios(args)
@@ -473,31 +496,21 @@ async def main() -> None:
           f"compute, one thread; {shown(idle_ms)} ms after 5 ms idle), {shown(float_ms)} ms "
           "in float on every core (p50, in this process)")
     overrides = {} if args.workers is None else {"MEMGATE_WORKERS": str(args.workers)}
-    async with AsyncExitStack() as stack:
-        running = await stack.enter_async_context(memgate_up(**overrides))
-        http = await stack.enter_async_context(httpx.AsyncClient(
-            base_url=running.http_url, timeout=30,
-            limits=httpx.Limits(max_connections=args.max_in_flight + 64)))
-        logins = await enrol(running, max(s.agents for s in plan))
-        agents, connect_errors = await connect(running, logins, http, stack)
-        rate = await preload(agents, args.memories, in_flight=64)
-        drained = await events_idle(running)
-        print(f"{len(agents)} agents ({sum(connect_errors.values())} NATS connection retries) × "
-              f"{args.memories} memories preloaded at {rate:.0f} remembers/s; events drained "
-              f"{drained:.1f} s later", flush=True)
-        for agent in agents:  # open every connection before measuring
-            await agent.bus.recall("warm up")
-            await agent.rest.recall("warm up")
-        runs: dict[Scenario, list[Result]] = {s: [] for s in plan}
-        for run in range(args.runs):
-            for scenario in plan:
-                result = await run_scenario(running, agents, scenario, knobs)
+    runs: dict[Scenario, list[Result]] = {s: [] for s in plan}
+    blocks: dict[int, list[Scenario]] = {}
+    for scenario in plan:
+        blocks.setdefault(scenario.agents, []).append(scenario)
+    for run in range(args.runs):
+        for block in blocks.values():
+            for scenario, result in zip(block, await fresh_instance(block, args, knobs, overrides),
+                                        strict=True):
                 runs[scenario].append(result)
                 print(f"run {run + 1}/{args.runs}: {table([result]).splitlines()[-1]}",
                       flush=True)
     medians = [median_of(r) for r in runs.values()]
     print(f"\n{args.runs} run(s), medians; {args.duration:.0f} s per scenario; "
-          f"{args.memories} memories per agent before the first scenario; "
+          f"a fresh memgate up per agent count and run, {args.memories} memories per agent "
+          "before its first scenario; "
           f"load average {os.getloadavg()[0]:.2f} at the end\n")
     print(table(medians))
     print()
