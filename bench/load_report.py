@@ -130,9 +130,11 @@ def key(scenario: Scenario) -> tuple[Transport, Load, Mix, int]:
     return scenario.transport, scenario.load, scenario.mix, scenario.agents
 
 
-def targets(results: Sequence[Result], embed_ms: float | None, memories: int,
-            target_rate: float) -> str:
-    """The issue's targets beside the figures (a target whose scenario did not run is left out)."""
+def targets(results: Sequence[Result], embed_ms: float | None, note_ms: float | None,
+            memories: int, target_rate: float) -> str:
+    """The issue's targets beside the figures (a target whose scenario did not run is left out).
+    `embed_ms`: the model on one query; `note_ms`: on one of the remembered texts (what "beyond
+    embedding" subtracts from a remember's CPU)."""
     found = {key(r.scenario): r for r in results}
     rows: list[tuple[str, str, bool]] = []
     if (r := found.get(("bus", "closed", "remember", 1))) and "remember" in r.p50_ms:
@@ -143,12 +145,12 @@ def targets(results: Sequence[Result], embed_ms: float | None, memories: int,
             rows.append((f"≥ 400 remembers/s, 32 clients ({transport})",
                          f"{r.ops_per_s:.0f}/s", r.ops_per_s >= 400))
     remembers = [r for r in results if key(r.scenario)[1:3] == ("closed", "remember")]
-    if remembers and embed_ms is not None:
+    if remembers and note_ms is not None:
         best = min(remembers, key=lambda r: r.server_cpu_ms_per_op)
-        beyond = best.server_cpu_ms_per_op - embed_ms
-        rows.append(("CPU per remember ≤ 4 ms beyond embedding",
+        beyond = best.server_cpu_ms_per_op - note_ms
+        rows.append(("CPU per remember ≤ 4 ms beyond embedding its text",
                      f"{best.server_cpu_ms_per_op:.1f} ms incl. drain ({best.scenario.transport}, "
-                     f"{best.scenario.agents} agent(s)) − {embed_ms:.1f} ms = {beyond:.1f} ms",
+                     f"{best.scenario.agents} agent(s)) − {note_ms:.1f} ms = {beyond:.1f} ms",
                      beyond <= 4))
     r = found.get(("bus", "closed", "recall", 1))
     if r and "recall" in r.p50_ms and embed_ms is not None:
