@@ -4,8 +4,8 @@ Each DuckDB file and Tantivy directory has exactly one owner: the `store` group 
 single writer of DuckDB (directory, registry, storage.pN) except the vectors, which the
 embedder of the `index` group owns beside its partition's Tantivy index. The stateless `front`
 group (REST + governance + recall, which governance asks in process: `runtime.local`) runs
-`workers` processes, sharing their queue groups and one listening socket. The nats-authority stays in the supervisor, which owns the
-embedded server it reconfigures.
+`workers` processes, sharing their queue groups and one listening socket. The nats-authority
+stays in the supervisor, which owns the embedded server it reconfigures.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import Any
 
 from memgate.actors.audit import AuditActor
@@ -59,78 +60,95 @@ def admin_token(settings: Settings) -> str:
     return path.read_text().strip()
 
 
-def build_actors(settings: Settings, kinds: KindConnections, *,
-                 nats_authority: bool = False, recall_here: bool = True) -> list[Actor]:
-    """Every actor; each talks to the bus over its kind's connection (`kinds`).
-    `nats_authority`: this process runs the embedded server and its nats-authority;
-    `recall_here`: so does recall, which governance and space-memories then ask in process."""
+def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: bool = False,
+                 wanted: Callable[[str], bool] = lambda name: True) -> list[Actor]:
+    """The actors `wanted` (by name; all by default), each talking to the bus over its kind's
+    connection (`kinds`); nothing is made for the others (no model file, no RAM directory).
+    `nats_authority`: this process runs the embedded server and its nats-authority. When recall
+    is wanted, governance and space-memories ask it in process (`runtime.local`)."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
-    model = settings.compute_model()
+    model = cache(settings.compute_model)  # onnxruntime: the processes that run the model only
     recall = RecallActor.on_bus(
         bus("recall"), partitions=settings.partitions, window=settings.recall_window,
         rrf_k=settings.recall_rrf_k, cosine_deadline_ms=settings.recall_cosine_deadline_ms,
         bm25_deadline_ms=settings.recall_bm25_deadline_ms, depth=settings.recall_depth,
         depth_bm25=settings.recall_depth_bm25, weights=settings.recall_weights(),
-        sequence=settings.recall_sequence(), model=model,
-        tokenizer=settings.embedding_tokenizer, batch=settings.embedding_batch)
+        sequence=settings.recall_sequence(), model=model(),
+        tokenizer=settings.embedding_tokenizer,
+        batch=settings.embedding_batch) if wanted("recall") else None
 
     def asks(kind: str) -> Requester:
         """The requests of an actor that asks recall: answered in process when recall runs
-        here (`runtime.local`), else over the bus."""
-        if not recall_here:
+        here, else over the bus."""
+        if recall is None:
             return bus(kind)
         return InProcess(bus(kind),
                          {subjects.recall_internal(): Local(RecallQuery, recall.answer)},
                          timeout=settings.request_timeout_s)
 
-    actors: list[Actor] = [
-        DirectoryActor(path=data / "directory.duckdb",
-                       admin_token=lambda: admin_token(settings), bus=bus("directory"),
-                       partitions=settings.partitions, nats_authority=nats_authority),
-        recall,
-        GovernanceActor.on_bus(asks("governance"), partitions=settings.partitions),
-        SpaceMemoriesActor.on_bus(asks("space-memories"), partitions=settings.partitions,
-                                  chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
-                                  extract_timeout_s=settings.mem0_extract_llm_timeout_s),
-        RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
-                      publisher=publisher("registry")),
-        ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
-                    interval_s=settings.reaper_interval_s),
-        KeysActor(root=data / "keys", bus=bus("keys"),
-                  admin_token=lambda: admin_token(settings),
-                  partitions=settings.partition_names()),
-        AuditActor(root=data / "audit", bus=bus("audit")),
-        ErasureActor(path=data / "erasure.duckdb", bus=bus("erasure"),
-                     admin_token=lambda: admin_token(settings), partitions=settings.partitions),
-        SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
-                    partitions=settings.partitions, llm_models=settings.spaces_llm_models,
-                    llm_hosts=settings.spaces_llm_hosts),
-        SessionsActor(path=data / "sessions.duckdb", bus=bus("sessions"),
-                      rules=Rules(never_enabled=settings.sessions_never_enabled,
-                                  max_ttl_s=settings.sessions_max_ttl_s),
-                      interval_s=settings.lifecycle_interval_s,
-                      retry_s=settings.lifecycle_retry_s,
-                      retry_max_s=settings.lifecycle_retry_max_s,
-                      extract_timeout_s=settings.lifecycle_extract_timeout_s,
-                      purge_after_s=settings.sessions_purge_after_s),
-    ]
+    def storage(partition: str) -> Actor:
+        return StorageActor(partition=partition,
+                            path=data / "partitions" / partition / "memories.duckdb",
+                            publisher=publisher("storage"), bus=bus("storage"),
+                            partitions=settings.partitions,
+                            limits=Limits(settings.limit_remembers_per_hour,
+                                          settings.limit_versions_per_member))
+
+    def indexer(partition: str) -> Actor:
+        root = settings.text_index(partition)
+        ram.claim(data, root)
+        return IndexerActor(partition=partition, root=root, bus=bus("indexer"))
+
+    def embedder(partition: str) -> Actor:
+        return EmbedderActor(partition=partition,
+                             path=data / "partitions" / partition / "vectors.duckdb",
+                             model=model(), tokenizer=settings.embedding_tokenizer,
+                             bus=bus("embedder"), batch=settings.embedding_batch)
+
+    made: dict[str, Callable[[], Actor]] = {
+        "directory": lambda: DirectoryActor(
+            path=data / "directory.duckdb", admin_token=lambda: admin_token(settings),
+            bus=bus("directory"), partitions=settings.partitions,
+            nats_authority=nats_authority),
+        "governance": lambda: GovernanceActor.on_bus(asks("governance"),
+                                                     partitions=settings.partitions),
+        "space-memories": lambda: SpaceMemoriesActor.on_bus(
+            asks("space-memories"), partitions=settings.partitions,
+            chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
+            extract_timeout_s=settings.mem0_extract_llm_timeout_s),
+        "registry": lambda: RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
+                                          publisher=publisher("registry")),
+        "reaper": lambda: ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
+                                      interval_s=settings.reaper_interval_s),
+        "keys": lambda: KeysActor(root=data / "keys", bus=bus("keys"),
+                                  admin_token=lambda: admin_token(settings),
+                                  partitions=settings.partition_names()),
+        "audit": lambda: AuditActor(root=data / "audit", bus=bus("audit")),
+        "erasure": lambda: ErasureActor(path=data / "erasure.duckdb", bus=bus("erasure"),
+                                        admin_token=lambda: admin_token(settings),
+                                        partitions=settings.partitions),
+        "spaces": lambda: SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
+                                      partitions=settings.partitions,
+                                      llm_models=settings.spaces_llm_models,
+                                      llm_hosts=settings.spaces_llm_hosts),
+        "sessions": lambda: SessionsActor(
+            path=data / "sessions.duckdb", bus=bus("sessions"),
+            rules=Rules(never_enabled=settings.sessions_never_enabled,
+                        max_ttl_s=settings.sessions_max_ttl_s),
+            interval_s=settings.lifecycle_interval_s, retry_s=settings.lifecycle_retry_s,
+            retry_max_s=settings.lifecycle_retry_max_s,
+            extract_timeout_s=settings.lifecycle_extract_timeout_s,
+            purge_after_s=settings.sessions_purge_after_s),
+    }
     for partition in settings.partition_names():
-        root = data / "partitions" / partition
-        text_index = settings.text_index(partition)
-        ram.claim(data, text_index)
-        actors += [
-            StorageActor(partition=partition, path=root / "memories.duckdb",
-                         publisher=publisher("storage"), bus=bus("storage"),
-                         partitions=settings.partitions,
-                         limits=Limits(settings.limit_remembers_per_hour,
-                                       settings.limit_versions_per_member)),
-            IndexerActor(partition=partition, root=text_index, bus=bus("indexer")),
-            EmbedderActor(partition=partition, path=root / "vectors.duckdb",
-                          model=model, tokenizer=settings.embedding_tokenizer,
-                          bus=bus("embedder"), batch=settings.embedding_batch),
-        ]
-    return actors
+        made |= {
+            f"storage.{partition}": partial(storage, partition),
+            f"indexer.{partition}": partial(indexer, partition),
+            f"embedder.{partition}": partial(embedder, partition),
+        }
+    return [*([recall] if recall is not None else []),
+            *(make() for name, make in made.items() if wanted(name))]
 
 
 def actor_names(settings: Settings) -> list[str]:
@@ -246,7 +264,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     here too, else its owner calls `sync()` once the directory listens."""
     kinds = KindConnections(bus, timeout=settings.request_timeout_s)
     actors = build_actors(settings, kinds, nats_authority=server is not None,
-                          recall_here="recall" not in skip and (only is None or "recall" in only))
+                          wanted=lambda name: name not in skip and (only is None or name in only))
     authority = None
     if server is not None:
         authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),
