@@ -111,6 +111,32 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
                 assert clear not in content, f"{clear!r} reached {path.relative_to(data)}"
 
 
+async def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(
+    tmp_path: Path,
+) -> None:
+    """A pooled client (httpx: 5 s) may reuse a connection idle for up to its expiry; had the
+    server closed it first (uvicorn's default: also 5 s), the request would meet a reset."""
+    http_port = free_port()
+    request = (f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{http_port}\r\n"
+               "Connection: keep-alive\r\n\r\n").encode()
+
+    async def answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        return head.split(b"\r\n")[0]
+
+    async with memgate_up(tmp_path / "data", http_port, free_port()):
+        reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+        assert await answered(reader, writer) == b"HTTP/1.1 200 OK"
+        await asyncio.sleep(6)  # past both 5 s defaults
+        assert await answered(reader, writer) == b"HTTP/1.1 200 OK"
+        writer.close()
+
+
 def cli(*args: str, token: str | None = None) -> dict[str, object]:
     env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}
     if token is not None:

@@ -35,6 +35,11 @@ from memgate.app.system import start_actors
 
 log = logging.getLogger("memgate")
 HTTP_START_TIMEOUT_S = 30.0
+# An idle keep-alive connection stays open this long. uvicorn's default (5 s) equals the pool
+# expiry of httpx and others: a client reusing a connection just as the server closes it gets a
+# connection reset (`httpx.ReadError`; seen under load in bench.load). The server's must be
+# the longer one; 75 s is nginx's and gunicorn's.
+KEEP_ALIVE_S = 75
 
 
 class HttpServer(uvicorn.Server):
@@ -52,6 +57,7 @@ def http_server(settings: Settings, bus: Bus) -> HttpServer:
                      max_body_bytes=settings.max_body_bytes)
     return HttpServer(uvicorn.Config(
         api, host=settings.http_host, port=settings.http_port, log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_S,
         # in-flight requests wait on the bus at most this long
         timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)))
 
