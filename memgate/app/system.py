@@ -262,16 +262,17 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
     here too, else its owner calls `sync()` once the directory listens."""
+    def wanted(name: str) -> bool:
+        return name not in skip and (only is None or name in only)
+
     kinds = KindConnections(bus, timeout=settings.request_timeout_s)
-    actors = build_actors(settings, kinds, nats_authority=server is not None,
-                          wanted=lambda name: name not in skip and (only is None or name in only))
+    actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted)
     authority = None
     if server is not None:
         authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),
                                        logins=logins or [])
-        actors.append(authority)
-    actors = [actor for actor in actors
-              if actor.name not in skip and (only is None or actor.name in only)]
+        if wanted(authority.name):
+            actors.append(authority)
     for kind in dict.fromkeys(kind_of(actor.name) for actor in actors):
         await kinds.connect(kind, stack)
     brokers: dict[str, NatsBroker] = {}
