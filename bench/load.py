@@ -295,13 +295,13 @@ class EmbedProbe:
             await self._task
 
 
-def embed_one_query_ms(samples: int = 200, *, compute: str = "int8", threads: int = 1,
-                       gap_s: float = 0.0, texts: str = "queries") -> float | None:
+def embed_one_ms(samples: int = 200, *, compute: str = "int8", threads: int = 1,
+                 gap_s: float = 0.0, notes: bool = False) -> float | None:
     """p50 of the shipped model embedding one query, in this process, before memgate starts:
     as the recall actor runs it (int8 compute, one thread), or as the file is (`compute="float"`,
     `threads=0`: every core). With `gap_s`, each query after that long idle, as a lone agent's
     recall meets the model (on our 2-core VM a 5 ms pause doubles the next run's CPU time).
-    `texts="notes"`: the benchmark's remembered texts instead, as the embedder runs them."""
+    `notes`: the benchmark's remembered texts instead of queries, as the embedder runs them."""
     try:
         from memgate.app.settings import Settings
         from memgate.embedding import OnnxEmbedder
@@ -313,7 +313,7 @@ def embed_one_query_ms(samples: int = 200, *, compute: str = "int8", threads: in
     rng = random.Random(0)
     timings = []
     for i in range(samples + 20):
-        text = note(rng, i) if texts == "notes" else " ".join(rng.sample(WORDS, 3))
+        text = note(rng, i) if notes else " ".join(rng.sample(WORDS, 3))
         time.sleep(gap_s)
         started = time.perf_counter()
         embedder.embed([text])
@@ -485,10 +485,10 @@ async def main() -> None:
     args = parse_args()
     plan = scenarios(args)
     knobs = Knobs(args.duration, args.max_in_flight, args.probe_every or None)
-    embed_ms = embed_one_query_ms()
-    idle_ms = embed_one_query_ms(gap_s=0.005)
-    note_ms = embed_one_query_ms(texts="notes")
-    float_ms = embed_one_query_ms(compute="float", threads=0)
+    embed_ms = embed_one_ms()
+    idle_ms = embed_one_ms(gap_s=0.005)
+    note_ms = embed_one_ms(notes=True)
+    float_ms = embed_one_ms(compute="float", threads=0)
 
     def shown(ms: float | None) -> str:
         return "?" if ms is None else f"{ms:.1f}"
