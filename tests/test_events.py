@@ -60,7 +60,7 @@ def test_sequence_numbers_never_repeat_after_the_newest_memories_are_deleted(
 
     def remember(store: MemoryStore, memory_id: str) -> int:
         return store.remember(filters, memory_id=memory_id, credential_id="cr", text="t",
-                              retention_days=1, event_subject="s", event=lambda seq: b"{}").seq
+                              retention_days=1).seq
 
     def forget(store: MemoryStore, memory_id: str) -> None:
         store.delete("ws", "mb", memory_id=memory_id, event_subject="s",

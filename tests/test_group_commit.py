@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from typing import Any
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,15 +26,10 @@ SUBJECT = "mem.evt.p0.memories"
 
 
 def item(text: str, *, key: str | None = None, credential: str = "c1", subject: str = "m1",
-         event: object = None) -> Remember:
-    def queued(seq: int) -> bytes:
-        if event is not None:
-            raise RuntimeError("this item cannot be stored")
-        return json.dumps({"seq": seq, "text_len": len(text)}).encode()
-
+         derived_from: tuple[Any, ...] = ()) -> Remember:
     return Remember(Filters("w1", subject, "notes", key), memory_id=str(uuid.uuid4()),
                     credential_id=credential, text=text, retention_days=30,
-                    event_subject=SUBJECT, event=queued)
+                    derived_from=derived_from)
 
 
 @pytest.fixture
@@ -90,9 +86,10 @@ def test_each_version_gets_its_own_seq_and_its_event_in_the_same_transaction(
 
 
 def test_an_item_that_fails_fails_alone(store: MemoryStore) -> None:
-    outcomes = store.remember_group([item("good"), item("bad", event=True), item("also good")])
+    unstorable = item("bad", derived_from=(object(),))  # no DuckDB value
+    outcomes = store.remember_group([item("good"), unstorable, item("also good")])
     assert isinstance(outcomes[0], Stored) and isinstance(outcomes[2], Stored)
-    assert isinstance(outcomes[1], RuntimeError)
+    assert isinstance(outcomes[1], duckdb.Error)
     texts = [text for _, text in store.texts("w1", "m1", None)]
     assert texts == ["good", "also good"]
     assert len(store.pending_events()) == 2
@@ -219,3 +216,43 @@ def test_limits_hold_across_a_restart_and_deleting_frees_room(tmp_path: Path) ->
     assert [type(o) for o in outcomes] == [Stored, Stored, LimitReachedError]
     assert isinstance(outcomes[2], LimitReachedError) and outcomes[2].limit == "rate"
     store.close()
+
+
+def test_a_versions_event_is_built_from_its_row_until_it_was_sent(tmp_path: Path) -> None:
+    """No outbox row per remember: after a restart the unsent versions' events are rebuilt
+    from their rows, in seq order with the outbox's (deletions); what was sent is not."""
+    path = tmp_path / "m.duckdb"
+    store = MemoryStore(path, event_subject=SUBJECT)
+    group = stored(store.remember_group([item(f"n{i}") for i in range(5)]))
+    store.delete("w1", "m1", memory_id=group[4].memory_id, event_subject=SUBJECT,
+                 event=lambda owner, ids: json.dumps({"deleted": ids}).encode())
+    store.events_sent(group[1].seq)
+    store.close()  # forgets what was sent
+    with duckdb.connect(str(path)) as db:
+        assert db.execute("SELECT count(*) FROM outbox").fetchone() == (1,)  # the deletion's
+    reopened = MemoryStore(path, event_subject=SUBJECT)
+    events = reopened.pending_events()
+    assert [seq for seq, _, _ in events] == [s.seq for s in group[2:4]] + [group[4].seq + 1]
+    assert {subject for _, subject, _ in events} == {SUBJECT}
+    assert [json.loads(p).get("memory_id") for _, _, p in events[:2]] == [
+        s.memory_id for s in group[2:4]]
+    assert json.loads(events[2][2]) == {"deleted": [group[4].memory_id]}
+    reopened.close()
+
+
+def test_a_file_whose_remembers_queued_outbox_rows_publishes_each_once(tmp_path: Path) -> None:
+    """A file from before (every remember's event in the outbox, no relayed mark): the
+    outbox's events are sent, and not a second time from the rows."""
+    path = tmp_path / "m.duckdb"
+    store = MemoryStore(path)
+    group = stored(store.remember_group([item(f"n{i}") for i in range(3)]))
+    store.close()
+    with duckdb.connect(str(path)) as db:
+        db.execute("DROP TABLE relayed")
+        db.execute("INSERT INTO outbox SELECT seq, 'old', '{}'::BLOB FROM memories")
+    reopened = MemoryStore(path)
+    assert [(seq, subject) for seq, subject, _ in reopened.pending_events()] == [
+        (s.seq, "old") for s in group]
+    [after] = stored(reopened.remember_group([item("after")]))
+    assert [seq for seq, _, _ in reopened.pending_events()] == [s.seq for s in [*group, after]]
+    reopened.close()

@@ -1,9 +1,10 @@
 """The storage actor: the single writer of one partition's DuckDB file.
 
 A remember is answered only after its transaction has committed. Events (ids only, never text)
-are written to an outbox table in the same transaction and relayed to JetStream afterwards, so a
-crash between commit and publish loses nothing: the relay resends on start, and the message id
-(`<partition>-<seq>`, seq never repeating in the partition's life) makes resending harmless.
+are committed with the change they announce (a deletion's in an outbox table; a stored
+version's is built from its row) and relayed to JetStream afterwards, so a crash between commit
+and publish loses nothing: the relay resends on start, and the message id (`<partition>-<seq>`,
+seq never repeating in the partition's life) makes resending harmless.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ class StorageActor:
         return self._store
 
     async def start(self) -> None:
-        self._store = await self._serial(MemoryStore, self._path)
+        self._store = await self._serial(partial(
+            MemoryStore, self._path, event_subject=self._events_subject,
+            stored_event=self._stored_event))
         await self._relay.start()  # resends whatever a previous run committed but did not publish
         await self._cascade.start()
 
@@ -143,20 +146,12 @@ class StorageActor:
         after that commit."""
         command = parse(StoreRemember, payload)
         owner = command.owner
-        memory_id = str(uuid.uuid4())
-        partition = self.partition
-
-        def event(seq: int) -> bytes:
-            return MemoryStored(partition=partition, owner=owner, memory_id=memory_id,
-                                seq=seq).to_json()
-
         try:
             stored = await self._remembers(Remember(
                 Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
                         command.collection_id),
-                memory_id=memory_id, credential_id=command.credential_id, text=command.text,
-                retention_days=command.retention_days,
-                event_subject=self._events_subject, event=event,
+                memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
+                text=command.text, retention_days=command.retention_days,
                 citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
                 derived_from=tuple(command.derived_from)))
         except LimitReachedError as reached:
@@ -171,6 +166,10 @@ class StorageActor:
             self._relay.wake()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)
+
+    def _stored_event(self, seq: int, tenant: str, subject_id: str, memory_id: str) -> bytes:
+        return MemoryStored(partition=self.partition, owner=Owner(tenant=tenant,
+                            subject_id=subject_id), memory_id=memory_id, seq=seq).to_json()
 
     def _remember_group(self, items: Sequence[Remember]) -> list[Stored | Exception]:
         return self.store.remember_group(items, self._limits)

@@ -14,7 +14,7 @@ import duckdb
 
 from memgate.storage import compaction, outbox
 from memgate.storage.memory_rows import (
-    Filters, LimitReachedError, Limits, Remember, Stored, key_of, naive,
+    Filters, LimitReachedError, Limits, Remember, Stored, StoredEvent, key_of, naive, stored_json,
 )
 from memgate.storage.memory_reads import MemoryReads
 from memgate.storage.recent import Recent, Version
@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS remember_log (
     credential_id VARCHAR   NOT NULL,
     remembered_at TIMESTAMP NOT NULL
 );
+-- One row: every version up to this seq has had its event published. A version's event is
+-- built from its row, so a remember writes one row and no outbox row (`remember_group`).
+CREATE TABLE IF NOT EXISTS relayed (
+    up_to BIGINT NOT NULL
+);
 """
 
 
@@ -58,7 +63,6 @@ class _Written:
 
     versions: list[Version]
     superseded: list[tuple[str, datetime]]  # (id, instant) of the earlier versions superseded
-    events: outbox.Pending
 
 
 # INSERTs of a group's rows: (into, one row's placeholders, unnested columns' placeholders).
@@ -76,6 +80,11 @@ _OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
            "SELECT unnest(?::BIGINT[]), unnest(?), unnest(?::BLOB[])")
 # Up to this many rows are bound row by row, more as lists unnested: DuckDB binds a few rows'
 # placeholders faster (one remember's transaction: 3.7 -> 2.5 ms CPU), and lists of many.
+# The unsent events: the outbox's (deletions), and the versions' above the relayed mark.
+_UNSENT = (
+    "SELECT seq, subject, payload, NULL, NULL, NULL FROM outbox WHERE seq > ? "
+    "UNION ALL SELECT seq, NULL, NULL, tenant, subject_id, memory_id FROM memories "
+    "WHERE seq > greatest(?, (SELECT max(up_to) FROM relayed)) ORDER BY seq LIMIT ?")
 _ROWS_BOUND = 3
 
 
@@ -94,8 +103,11 @@ class MemoryStore(MemoryReads):
     writer's). The `known_*` methods answer from the in-memory mirror alone, from any thread,
     or return None when the answer needs the file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, event_subject: str = "memories",
+                 stored_event: StoredEvent = stored_json) -> None:
+        """`event_subject` and `stored_event`: where and what a stored version's event is."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._event_subject, self._stored_event = event_subject, stored_event
         self._path = path
         self._db = compaction.connect(path)
         self._db.execute(_SCHEMA)
@@ -105,12 +117,14 @@ class MemoryStore(MemoryReads):
         # seq never repeats (events' ids come from it). A remember does not persist the mark:
         # its version carries its seq; a deletion, which may take the highest, persists it.
         self._high = outbox.create(self._db, floor=highest)
+        if self._one("SELECT count(*) FROM relayed")[0] == 0:  # new, or its events in the outbox
+            self._db.execute("INSERT INTO relayed VALUES (?)", [highest])
         hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
         self._db.execute(  # files from before: the log also held the remembers that still exist
             "DELETE FROM remember_log WHERE remembered_at <= ? OR EXISTS (SELECT 1 FROM memories m "
             "WHERE m.credential_id = remember_log.credential_id "
             "AND m.created_at = remember_log.remembered_at)", [hour_ago])
-        self._unsent = outbox.Unsent()
+        self._unsent = outbox.Unsent(self._read_unsent, self._forget_sent)
         self._mirror = Recent(floor=int(highest))  # no version above the newest yet
         compaction.create(self._db)
         # Rows deleted since the file was last rewritten (read by the owner's event loop).
@@ -148,48 +162,43 @@ class MemoryStore(MemoryReads):
         return now
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
-                 retention_days: int, event_subject: str, event: Callable[[int], bytes],
-                 limits: Limits = _DEFAULT_LIMITS,
+                 retention_days: int, limits: Limits = _DEFAULT_LIMITS,
                  citations: Sequence[dict[str, Any]] = ()) -> Stored:
         """One remember alone (`remember_group` of one); a refusal raises `LimitReachedError`."""
         [outcome] = self.remember_group([Remember(
             filters, memory_id=memory_id, credential_id=credential_id, text=text,
-            retention_days=retention_days, event_subject=event_subject, event=event,
-            citations=tuple(citations))], limits)
+            retention_days=retention_days, citations=tuple(citations))], limits)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
     def remember_group(self, items: Sequence[Remember],
                        limits: Limits = _DEFAULT_LIMITS) -> list[Stored | Exception]:
-        """Remember a group in one transaction (group commit), each as if alone and in order:
-        the limits count the earlier ones of the group, a later version of a key supersedes an
-        earlier one, each event is queued with its version. One outcome per item: what it
-        stored, or the `LimitReachedError` that refused it. Should the group's transaction
-        fail, each item is tried alone, so that one bad item fails no other."""
-        db = self._db
+        """Remember a group at once (group commit), each as if alone and in order: the limits
+        count the earlier ones of the group, a later version of a key supersedes an earlier
+        one. One outcome per item: what it stored, or the `LimitReachedError` that refused it.
+        The group's rows are one INSERT (with the UPDATE of what it supersedes, one
+        transaction), and each version's event is built from its row: no outbox row to write.
+        Should the writing fail, each item is tried alone, so that one bad item fails no other."""
         last_created = self._last_created
-        db.begin()
         try:
             outcomes, counted, written = self._remember_all(items, limits)
-            db.commit()
         except Exception as exc:
-            db.rollback()
             self._last_created = last_created
             if len(items) == 1:
                 return [exc]
             return [outcome for item in items
                     for outcome in self.remember_group([item], limits)]
-        except BaseException:
-            db.rollback()
-            raise
         for credential, owner, created in counted:
             self._window[credential].append(created)
             self._counted[owner] += 1
         if written is not None:
             self._high = max(self._high, written.versions[-1].seq)
             self._mirror.committed(written.versions, written.superseded)
-            self._unsent.committed(written.events)  # after the mirror: an event's reader finds it
+            self._unsent.committed([  # after the mirror: an event's reader finds the version
+                (v.seq, self._event_subject,
+                 self._stored_event(v.seq, v.tenant, v.subject_id, v.memory_id))
+                for v in written.versions])
         return outcomes
 
     def _recent(self, credentials: list[str],
@@ -269,18 +278,21 @@ class MemoryStore(MemoryReads):
                     superseded_at[earlier] = created
                     superseding[position] = 1
                 newest[key] = position
-        superseded = self._supersede(accepted, newest, superseding)
         rows = [
             (item.memory_id, first + position, item.filters.tenant, item.filters.subject_id,
              item.credential_id, item.filters.namespace, item.filters.key,
              item.filters.collection_id, item.text,
              [*(c["passageId"] for c in item.citations), *item.derived_from],
              created, superseded_at[position], created + timedelta(days=item.retention_days),
-             json.dumps(list(item.citations)), item.event_subject, item.event(first + position))
+             json.dumps(list(item.citations)))
             for position, (_, item, created) in enumerate(accepted)]
-        _insert(db, _MEMORIES, [row[:14] for row in rows])
-        events = [(row[1], row[14], row[15]) for row in rows]
-        _insert(db, _OUTBOX, events)
+        if newest:  # superseding: the UPDATE and the INSERT commit together
+            with transaction(db):
+                superseded = self._supersede(accepted, newest, superseding)
+                _insert(db, _MEMORIES, rows)
+        else:
+            superseded = []
+            _insert(db, _MEMORIES, rows)  # one statement: its own transaction
         for position, (index, item, created) in enumerate(accepted):
             outcomes[index] = Stored(memory_id=item.memory_id, seq=first + position,
                                      created_at=created.replace(tzinfo=UTC),
@@ -288,7 +300,7 @@ class MemoryStore(MemoryReads):
         written = _Written(
             versions=[Version(row[0], row[1], row[2], row[3], row[5] or "",  # NOT NULL
                               row[6], row[7], row[8], row[10], row[11], row[13]) for row in rows],
-            superseded=superseded, events=events)
+            superseded=superseded)
         return [o for o in outcomes if o is not None], [
             (item.credential_id, (item.filters.tenant, item.filters.subject_id), created)
             for _, item, created in accepted], written
@@ -405,6 +417,19 @@ class MemoryStore(MemoryReads):
         if rows:
             self.deletions_pending = True
         return [deleted for _, _, deleted in rows]
+
+    def _read_unsent(self, db: duckdb.DuckDBPyConnection, after: int,
+                     limit: int) -> outbox.Pending:
+        return [(seq, subject, bytes(payload)) if subject is not None else
+                (seq, self._event_subject, self._stored_event(seq, tenant, owner, memory_id))
+                for seq, subject, payload, tenant, owner, memory_id in db.execute(
+                    _UNSENT, [after, after, limit]).fetchall()]
+
+    @staticmethod
+    def _forget_sent(db: duckdb.DuckDBPyConnection, up_to: int) -> None:
+        with transaction(db):
+            outbox.sent(db, up_to)
+            db.execute("UPDATE relayed SET up_to = greatest(up_to, ?)", [up_to])
 
     def pending_events(self, limit: int = 500) -> outbox.Pending:
         return self._unsent.pending(self._db, limit)

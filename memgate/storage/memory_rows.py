@@ -63,17 +63,26 @@ class Filters:
 
 @dataclass(frozen=True)
 class Remember:
-    """One remember of a group: the version to store and its event (built from its seq)."""
+    """One remember of a group: the version to store (its event is built from its row)."""
 
     filters: Filters
     memory_id: str
     credential_id: str
     text: str
     retention_days: int
-    event_subject: str
-    event: Callable[[int], bytes]
     citations: tuple[dict[str, Any], ...] = ()
     derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
+
+
+# The payload of the event announcing a stored version, built from its row (so a file needs no
+# copy of it): (seq, tenant, subject, memory id) → payload.
+StoredEvent = Callable[[int, str, str, str], bytes]
+
+
+def stored_json(seq: int, tenant: str, subject_id: str, memory_id: str) -> bytes:
+    """A plain `StoredEvent`, for a store whose events no consumer reads as contracts."""
+    return json.dumps({"seq": seq, "tenant": tenant, "subject_id": subject_id,
+                       "memory_id": memory_id}).encode()
 
 
 def key_of(filters: Filters) -> tuple[str, str, str, str] | None:

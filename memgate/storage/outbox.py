@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 
 import duckdb
@@ -28,9 +29,9 @@ CREATE TABLE IF NOT EXISTS sequence (  -- one row: the highest number ever hande
 
 Pending = list[tuple[int, str, bytes]]  # (seq, subject, payload), oldest first
 
-# Sent rows are deleted this many at a time: a kill -9 only makes the next start publish them
-# again, which JetStream drops as duplicates (same ids) or consumers apply idempotently.
-DELETE_EVERY = 256
+# Sent events are forgotten this many at a time: a kill -9 only makes the next start publish
+# them again, which JetStream drops as duplicates (same ids) or consumers apply idempotently.
+FORGET_EVERY = 256
 # Unsent events mirrored in memory at most (JetStream down for long: read from the table).
 MIRRORED = 10_000
 
@@ -86,23 +87,26 @@ def sent(db: duckdb.DuckDBPyConnection, up_to_seq: int) -> None:
 
 
 class Unsent:
-    """An outbox whose file has a single writer, mirrored by it: the relay reads what was
-    committed and not yet sent without a query, and the rows it sent are deleted in batches.
+    """The unsent events of a file with a single writer, mirrored by it: the relay reads what
+    was committed and not yet sent without a query, and what it sent is forgotten in batches.
 
-    Until the table has been read once (at open), or after more than `MIRRORED` events piled
-    up, the unsent events are read from the table (those above the highest seq sent). The
-    writer's thread commits and reads the table; `known` and `sent` may be called from any.
+    Until the file has been read once (at open), or after more than `MIRRORED` events piled
+    up, the unsent events are read from the file (`read`: those above the highest seq sent).
+    `forget` drops from the file what was sent up to a seq. The writer's thread commits, reads
+    and forgets; `known` and `sent` may be called from any.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[duckdb.DuckDBPyConnection, int, int], Pending],
+                 forget: Callable[[duckdb.DuckDBPyConnection, int], None]) -> None:
+        self._read, self._forget = read, forget
         self._lock = threading.Lock()
         self._events: deque[tuple[int, str, bytes]] = deque()
         self._mirrored = False  # whether `_events` is every unsent event
         self._sent = 0  # the highest seq published
-        self._undeleted = 0  # sent events whose rows are still in the table
+        self._unforgotten = 0  # sent events the file still holds as unsent
 
     def committed(self, events: list[tuple[int, str, bytes]]) -> None:
-        """Events queued by a transaction that has committed (in seq order)."""
+        """Events of a transaction that has committed (in seq order)."""
         with self._lock:
             if not self._mirrored:
                 return
@@ -113,7 +117,7 @@ class Unsent:
 
     def known(self, limit: int = 500) -> Pending | None:
         """The oldest unsent events, from memory; None when they are to be read from the
-        table (`pending`)."""
+        file (`pending`)."""
         with self._lock:
             return list(islice(self._events, limit)) if self._mirrored else None
 
@@ -123,9 +127,7 @@ class Unsent:
             return known
         with self._lock:
             after = self._sent
-        rows = [(int(r[0]), str(r[1]), bytes(r[2])) for r in db.execute(
-            "SELECT seq, subject, payload FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-            [after, limit]).fetchall()]
+        rows = self._read(db, after, limit)
         if len(rows) < limit:  # every unsent one: mirror them from here on
             with self._lock:
                 self._events = deque(r for r in rows if r[0] > self._sent)
@@ -133,21 +135,20 @@ class Unsent:
         return rows
 
     def sent(self, up_to_seq: int) -> bool:
-        """Events up to `up_to_seq` are published: their rows are deleted with the next
-        batch; True when a batch is due (`flush`)."""
+        """Events up to `up_to_seq` are published: the file forgets them with the next batch;
+        True when a batch is due (`flush`)."""
         with self._lock:
             while self._events and self._events[0][0] <= up_to_seq:
                 self._events.popleft()
-            self._undeleted += max(0, up_to_seq - self._sent)  # each seq is one event's
+            self._unforgotten += max(0, up_to_seq - self._sent)  # each seq is one event's
             self._sent = max(self._sent, up_to_seq)
-            return self._undeleted >= DELETE_EVERY
+            return self._unforgotten >= FORGET_EVERY
 
     def flush(self, db: duckdb.DuckDBPyConnection) -> None:
-        """Delete the rows of every event sent (on the writer's thread; at a graceful stop
-        too)."""
+        """Forget every event sent (on the writer's thread; at a graceful stop too)."""
         with self._lock:
-            up_to, undeleted = self._sent, self._undeleted
-        if undeleted:
-            sent(db, up_to)
+            up_to, unforgotten = self._sent, self._unforgotten
+        if unforgotten:
+            self._forget(db, up_to)
             with self._lock:
-                self._undeleted -= undeleted
+                self._unforgotten -= unforgotten

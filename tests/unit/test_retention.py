@@ -32,7 +32,7 @@ def remember(store: MemoryStore, tenant: str, text: str, *, days: int = 90,
              member: str = "member") -> str:
     memory_id = str(uuid.uuid4())
     store.remember(Filters(tenant, member, "notes"), memory_id=memory_id, credential_id=memory_id,
-                   text=text, retention_days=days, event_subject=SUBJECT, event=event)
+                   text=text, retention_days=days)
     return memory_id
 
 

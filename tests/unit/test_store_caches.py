@@ -30,8 +30,7 @@ def remember(store: MemoryStore, text: str, *, member: str = "m1", key: str | No
     citations = () if cites is None else ({"passageId": f"p-{cites}", "documentId": cites},)
     [outcome] = store.remember_group([Remember(
         Filters(TENANT, member, namespace, key, collection), memory_id=str(uuid.uuid4()),
-        credential_id=f"c-{member}", text=text, retention_days=30, event_subject=SUBJECT,
-        event=lambda seq: json.dumps({"seq": seq}).encode(), citations=citations)])
+        credential_id=f"c-{member}", text=text, retention_days=30, citations=citations)])
     assert isinstance(outcome, Stored), outcome
     return outcome
 
