@@ -112,8 +112,8 @@ async def test_deletions_are_logged_by_reference_only(memgate: Memgate) -> None:
         return [json.loads(line) for line in log.read_bytes().splitlines()
                 if json.loads(line)["action"] == "memories_deleted"]
 
-    async def both() -> bool:
-        return len(deleted()) == 2
+    async def both() -> bool:  # logged, and the head written after the log
+        return len(deleted()) == 2 and verify(root).ok
 
     await eventually(both)
     entries = deleted()

@@ -14,8 +14,8 @@ its DDL, columns and types. Then one line per row, in table order:
 `SOURCES` is the registry: for each DuckDB file, which tables are backed up and, for a personal
 one, whose row it is. A table that is not registered is **not** backed up (listed under
 `skipped` in the manifest): a new table holds personal data until someone says otherwise.
-Derived state (Tantivy indexes, vectors, the outbox, JetStream) is never backed up: a restored
-instance rebuilds it from the memories (restore re-announces them).
+Derived state (Tantivy indexes, vectors, the outbox and its `relayed` mark, JetStream) is never
+backed up: a restored instance rebuilds it from the memories (restore re-announces them).
 
 An eval-dataset export is JSON lines of memory rows: ids, `derivedFrom`, classification and
 times in clear, the text (and namespace, key) sealed under the subject's key.
