@@ -29,7 +29,7 @@ from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
+    CatalogRequest, CatalogRows, OwnedText, Owner, Ranking, RankRequest, Texts, TextsRequest,
 )
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
@@ -102,9 +102,11 @@ class EmbedderActor:
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
-    async def catch_up(self, owner: Owner, min_seq: int) -> Catalog:
+    async def catch_up(self, owner: Owner, min_seq: int,
+                       texts: dict[str, str] | None = None) -> Catalog:
         """The owner's catalog, holding every version up to `min_seq` at least (with the
-        vectors already made; the others wait for `embed_missing`)."""
+        vectors already made; the others wait for `embed_missing`). `texts`, when given,
+        receives those of the versions new to a loaded catalog, for `embed_missing`."""
         catalog = self._catalogs.get(owner)
         if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
             return catalog
@@ -117,37 +119,48 @@ class EmbedderActor:
                 return catalog
             rows = await self._bus.request(
                 subjects.store(self.partition, "catalog"),
-                CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
+                CatalogRequest(owner=owner, after_seq=catalog.seq,
+                               texts=texts is not None and catalog.loaded), CatalogRows)
             catalog.apply(rows)
+            if texts is not None and rows.texts is not None:
+                texts.update(zip(rows.memory_ids, rows.texts, strict=True))
             if not catalog.loaded:  # the vectors made by earlier runs
                 found, matrix = await self._store_thread(self.vectors.owner, owner.tenant,
                                                          owner.subject_id)
                 if matrix is not None:
                     catalog.set_vectors(found, matrix)
-                    texts = await self._bus.request(
+                    embedded = await self._bus.request(
                         subjects.store(self.partition, "texts"),
                         TextsRequest(owner=owner, memory_ids=found), Texts)
                     catalog.set_speakers({item.memory_id: context.speaker(item.text)
-                                          for item in texts.items})
+                                          for item in embedded.items})
             catalog.loaded = True
             self._catalogs.move_to_end(owner)
             while len(self._catalogs) > CATALOGS_KEPT:
                 self._catalogs.popitem(last=False)
             return catalog
 
-    async def embed_missing(self, catalogs: dict[Owner, Catalog]) -> None:
-        """Embed these owners' versions that have no vector yet (texts fetched from storage),
-        in one hop to the model thread and one transaction: under load a batch of events spans
-        many owners, and a hop and a transaction per owner would cost more."""
+    async def embed_missing(self, catalogs: dict[Owner, Catalog],
+                            at_hand: dict[Owner, dict[str, str]]) -> None:
+        """Embed these owners' versions that have no vector yet (texts `at_hand`, else fetched
+        from storage), in one hop to the model thread and one transaction: under load a batch
+        of events spans many owners, and a hop and a transaction per owner would cost more."""
         wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
                   if (missing := catalog.unembedded())}
-        replies = await asyncio.gather(*(
-            self._bus.request(subjects.store(self.partition, "texts"),
-                              TextsRequest(owner=owner, memory_ids=missing), Texts)
-            for owner, (_, missing) in wanted.items()))
-        fetched = [(owner, catalog, reply.items)
-                   for (owner, (catalog, _)), reply in zip(wanted.items(), replies, strict=True)
-                   if reply.items]
+
+        async def texts(owner: Owner, missing: list[str]) -> list[OwnedText]:
+            held = at_hand.get(owner, {})
+            if all(i in held for i in missing):
+                return [OwnedText(memory_id=i, text=held[i]) for i in missing]
+            return (await self._bus.request(subjects.store(self.partition, "texts"),
+                                            TextsRequest(owner=owner, memory_ids=missing),
+                                            Texts)).items
+
+        replies = await asyncio.gather(*(texts(owner, missing)
+                                         for owner, (_, missing) in wanted.items()))
+        fetched = [(owner, catalog, items)
+                   for (owner, (catalog, _)), items in zip(wanted.items(), replies, strict=True)
+                   if items]
         if not fetched:
             return
         assert self._embedder is not None, "start() first"
@@ -165,9 +178,10 @@ class EmbedderActor:
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work
-        caught_up = await asyncio.gather(*(self.catch_up(owner, seq)
+        texts: dict[Owner, dict[str, str]] = {owner: {} for owner in stored}
+        caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])
                                            for owner, seq in stored.items()))
-        await self.embed_missing(dict(zip(stored, caught_up, strict=True)))
+        await self.embed_missing(dict(zip(stored, caught_up, strict=True)), texts)
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
         await self.compacted()  # acked (and so done) once the vectors left the file

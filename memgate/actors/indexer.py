@@ -178,9 +178,9 @@ class IndexerActor:
         catalog = self._catalogs.setdefault(owner, Catalog())
         if catalog.loaded and catalog.seq >= min_seq:
             return catalog
-        rows = await self._bus.request(
+        rows = await self._bus.request(  # a loaded catalog lacks a few: their texts at once
             subjects.store(self.partition, "catalog"),
-            CatalogRequest(owner=owner, after_seq=catalog.seq), CatalogRows)
+            CatalogRequest(owner=owner, after_seq=catalog.seq, texts=catalog.loaded), CatalogRows)
         # the catalog takes the rows (the turns' neighbours are found in it) but says it is
         # caught up only once their texts are indexed: a rank that finds the catalog caught up
         # (outside the lock) must find their words too
@@ -188,7 +188,10 @@ class IndexerActor:
         missing = [i for i in rows.memory_ids if i not in indexed]
         catalog.apply(rows, advance=False)
         if missing:
-            texts = await self._texts(owner, missing)
+            if rows.texts is None:
+                texts = await self._texts(owner, missing)
+            else:
+                texts = dict(zip(rows.memory_ids, rows.texts, strict=True))
             contexts = await self._contexts(owner, catalog, texts, missing)
             changed = [i for i in dict.fromkeys([*missing, *contexts]) if i in texts]
             items = [(i, texts[i]) for i in changed]

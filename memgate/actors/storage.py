@@ -231,8 +231,8 @@ class StorageActor:
         return Rows(memories=[memory_of(r) for r in rows])
 
     async def catalog(self, payload: bytes) -> CatalogRows:
-        """An owner's versions above a seq, without text, for the indexer's and embedder's
-        catalogs (SPEC §3.5: each channel filters in its own index)."""
+        """An owner's versions above a seq, for the indexer's and embedder's catalogs (SPEC
+        §3.5: each channel filters in its own index), with their texts when asked."""
         request = parse(CatalogRequest, payload)
         owner = request.owner
 
@@ -242,12 +242,12 @@ class StorageActor:
 
         known = self.store.known_catalog(owner.tenant, owner.subject_id, request.after_seq)
         high, rows = known if known is not None else await self._serial(read)
-        columns = list(zip(*rows, strict=True)) if rows else [()] * 8
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 9
         return CatalogRows(
             high_seq=high, memory_ids=list(columns[0]), seqs=list(columns[1]),
             namespaces=list(columns[2]), keys=list(columns[3]), collection_ids=list(columns[4]),
             created_at=list(columns[5]), superseded_at=list(columns[6]),
-            legal_hold=list(columns[7]))
+            legal_hold=list(columns[7]), texts=list(columns[8]) if request.texts else None)
 
     def _compacting(self, handler: Callable[[bytes], Awaitable[C]]
                     ) -> Callable[[bytes], Awaitable[C]]:

@@ -98,10 +98,12 @@ class Rows(Contract):
 
 
 class CatalogRequest(Contract):
-    """An owner's versions with a seq above `after_seq`: metadata only, never text."""
+    """An owner's versions with a seq above `after_seq`: metadata, and their masked texts when
+    `texts` (a caller caught up but for the few versions an event announced, which it lacks)."""
 
     owner: Owner
     after_seq: int = 0
+    texts: bool = False
 
 
 class CatalogRows(Contract):
@@ -116,6 +118,7 @@ class CatalogRows(Contract):
     created_at: list[datetime]
     superseded_at: list[datetime | None]
     legal_hold: list[bool]
+    texts: list[str] | None = None  # when asked
 
 
 class TextsRequest(Contract):

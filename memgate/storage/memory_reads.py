@@ -17,7 +17,7 @@ _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, su
 
 def _catalog_row(v: Version) -> tuple[Any, ...]:
     return (v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False)
+            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False, v.text)
 
 
 class MemoryReads:
@@ -135,15 +135,15 @@ class MemoryReads:
         return [row_of(v) for v in found], unknown
 
     def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
-        """The owner's versions above `after_seq`, oldest first, without text: (memory_id,
-        seq, namespace, key, collection_id, created_at, superseded_at, legal_hold)."""
+        """The owner's versions above `after_seq`, oldest first: (memory_id, seq, namespace,
+        key, collection_id, created_at, superseded_at, legal_hold, text)."""
         if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
             return [_catalog_row(v) for v in held]
         rows = self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
-            "legal_hold FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
+            "legal_hold, text FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
             "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
-        return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), r[7]) for r in rows]
+        return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), *r[7:]) for r in rows]
 
     def known_catalog(self, tenant: str, subject_id: str,
                       after_seq: int) -> tuple[int, list[tuple[Any, ...]]] | None:

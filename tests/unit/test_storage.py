@@ -15,7 +15,9 @@ from memgate.actors.storage import StorageActor
 from memgate.bus import subjects
 from memgate.contracts import ErrorCode, ForgetResult, ListResult, RememberResult
 from memgate.contracts.errors import MemgateError
-from memgate.contracts.internal import Owner, StoreForget, StoreQuery, StoreRemember
+from memgate.contracts.internal import (
+    CatalogRequest, CatalogRows, Owner, StoreForget, StoreQuery, StoreRemember,
+)
 from memgate.storage import Limits
 from tests.fakes import FakeBus, FakePublisher, Served, served
 
@@ -122,3 +124,18 @@ async def test_a_full_member_is_refused_with_agent_memory_full(tmp_path: Path) -
         with pytest.raises(MemgateError) as caught:
             await world.remember("three", credential="another")
         assert caught.value.code == ErrorCode.AGENT_MEMORY_FULL
+
+
+async def test_a_catalog_carries_its_versions_texts_only_when_asked(world: World) -> None:
+    """An indexer or embedder told of new versions gets their texts with their metadata (one
+    request, not two), and a catalog loaded whole stays text-free."""
+    first = await world.remember("first")
+    second = await world.remember("second")
+    for texts in (False, True):
+        rows = await world.bus.call(subjects.store("p0", "catalog"), CatalogRequest(
+            owner=OWNER, after_seq=0, texts=texts), CatalogRows)
+        assert rows.memory_ids == [first.memory_id, second.memory_id]
+        assert rows.texts == (["first", "second"] if texts else None)
+    newer = await world.bus.call(subjects.store("p0", "catalog"), CatalogRequest(
+        owner=OWNER, after_seq=rows.seqs[0], texts=True), CatalogRows)
+    assert (newer.memory_ids, newer.texts) == ([second.memory_id], ["second"])
