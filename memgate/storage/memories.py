@@ -80,12 +80,12 @@ _OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
            "SELECT unnest(?::BIGINT[]), unnest(?), unnest(?::BLOB[])")
 # Up to this many rows are bound row by row, more as lists unnested: DuckDB binds a few rows'
 # placeholders faster (one remember's transaction: 3.7 -> 2.5 ms CPU), and lists of many.
+_ROWS_BOUND = 3
 # The unsent events: the outbox's (deletions), and the versions' above the relayed mark.
 _UNSENT = (
     "SELECT seq, subject, payload, NULL, NULL, NULL FROM outbox WHERE seq > ? "
     "UNION ALL SELECT seq, NULL, NULL, tenant, subject_id, memory_id FROM memories "
     "WHERE seq > greatest(?, (SELECT max(up_to) FROM relayed)) ORDER BY seq LIMIT ?")
-_ROWS_BOUND = 3
 
 
 def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
