@@ -294,7 +294,7 @@ def texts_route(texts: dict[str, str]) -> Route:
 
 def catalog_route(texts: dict[str, str]) -> Route:
     """A storage `catalog` route over the same dict: each id gets the next seq when first seen
-    (dict order), all in namespace "n", created a second apart."""
+    (dict order), all in namespace "n", created a second apart; the texts when asked."""
     seqs: dict[str, int] = {}
 
     async def answer(payload: bytes) -> CatalogRows:
@@ -308,6 +308,7 @@ def catalog_route(texts: dict[str, str]) -> Route:
             seqs=[s for s, _ in rows], namespaces=["n"] * len(rows), keys=[None] * len(rows),
             collection_ids=[None] * len(rows),
             created_at=[start + timedelta(seconds=s) for s, _ in rows],
-            superseded_at=[None] * len(rows), legal_hold=[False] * len(rows))
+            superseded_at=[None] * len(rows), legal_hold=[False] * len(rows),
+            texts=[texts[i] for _, i in rows] if request.texts else None)
 
     return answer

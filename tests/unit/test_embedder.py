@@ -105,3 +105,16 @@ async def test_a_restarted_embedder_ranks_with_the_vectors_it_made_before(
             embedded = sum(len(call) for call in model.calls)
             assert (await world.rank("team lunch friday"))[0] == "b"
             assert sum(len(call) for call in model.calls) == embedded + 1  # the query only
+
+
+async def test_a_new_memory_of_a_loaded_owner_is_embedded_after_one_storage_request(
+    world: World,
+) -> None:
+    """Its text comes with its catalog row: no second request for it."""
+    await world.stored("a")  # the owner's catalog is loaded
+    world.texts["d"] = "zanzibar harbour trip"
+    world.fake.asked.clear()
+    await world.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id="d",
+                                                    seq=4).to_json()])
+    assert [subject for subject, _ in world.fake.asked] == [subjects.store("p0", "catalog")]
+    assert (await world.rank("zanzibar harbour trip"))[0] == "d"

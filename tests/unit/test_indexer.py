@@ -85,3 +85,16 @@ async def test_rank_reports_the_neighbours_of_its_matches_when_asked(world: Worl
         exclude=["c"]), Ranking)
     assert ranking.memory_ids == ["b"]
     assert ranking.neighbours["b"].model_dump() == {"before": ["a"], "after": []}  # c hidden
+
+
+async def test_a_new_memory_of_a_loaded_owner_is_indexed_after_one_storage_request(
+    world: World,
+) -> None:
+    """Its text comes with its catalog row: no second request for it."""
+    await world.stored("a", "b", "c")  # the owner's catalog is loaded
+    world.texts["d"] = "zanzibar harbour trip"
+    world.fake.asked.clear()
+    await world.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id="d",
+                                                    seq=4).to_json()])
+    assert [subject for subject, _ in world.fake.asked] == [subjects.store("p0", "catalog")]
+    assert await world.rank("zanzibar harbour") == ["d"]
