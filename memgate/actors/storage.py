@@ -238,9 +238,11 @@ class StorageActor:
 
         def read() -> tuple[int, list[tuple[Any, ...]]]:
             return (self.store.high_seq(owner.tenant, owner.subject_id),
-                    self.store.catalog(owner.tenant, owner.subject_id, request.after_seq))
+                    self.store.catalog(owner.tenant, owner.subject_id, request.after_seq,
+                                       texts=request.texts))
 
-        known = self.store.known_catalog(owner.tenant, owner.subject_id, request.after_seq)
+        known = self.store.known_catalog(owner.tenant, owner.subject_id, request.after_seq,
+                                         texts=request.texts)
         high, rows = known if known is not None else await self._serial(read)
         columns = list(zip(*rows, strict=True)) if rows else [()] * 9
         return CatalogRows(

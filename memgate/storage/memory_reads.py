@@ -15,9 +15,10 @@ _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, su
             "citations")
 
 
-def _catalog_row(v: Version) -> tuple[Any, ...]:
+def _catalog_row(v: Version, texts: bool) -> tuple[Any, ...]:
     return (v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False, v.text)
+            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False,
+            v.text if texts else None)
 
 
 class MemoryReads:
@@ -134,25 +135,28 @@ class MemoryReads:
                                            lambda version: allows(filters, instant, version))
         return [row_of(v) for v in found], unknown
 
-    def catalog(self, tenant: str, subject_id: str, after_seq: int) -> list[tuple[Any, ...]]:
+    def catalog(self, tenant: str, subject_id: str, after_seq: int, *,
+                texts: bool = False) -> list[tuple[Any, ...]]:
         """The owner's versions above `after_seq`, oldest first: (memory_id, seq, namespace,
-        key, collection_id, created_at, superseded_at, legal_hold, text)."""
+        key, collection_id, created_at, superseded_at, legal_hold, text); the text only when
+        asked (else None: a first load of thousands of rows needs none)."""
         if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
-            return [_catalog_row(v) for v in held]
+            return [_catalog_row(v, texts) for v in held]
         rows = self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
-            "legal_hold, text FROM memories WHERE tenant = ? AND subject_id = ? AND seq > ? "
-            "ORDER BY seq", [tenant, subject_id, after_seq]).fetchall()
+            f"legal_hold, {'text' if texts else 'NULL'} FROM memories WHERE tenant = ? "
+            "AND subject_id = ? AND seq > ? ORDER BY seq", [tenant, subject_id, after_seq]
+        ).fetchall()
         return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), *r[7:]) for r in rows]
 
-    def known_catalog(self, tenant: str, subject_id: str,
-                      after_seq: int) -> tuple[int, list[tuple[Any, ...]]] | None:
+    def known_catalog(self, tenant: str, subject_id: str, after_seq: int, *,
+                      texts: bool = False) -> tuple[int, list[tuple[Any, ...]]] | None:
         """(`high_seq`, `catalog`) from memory, as of one instant; None when either needs the
         file."""
         if (known := self._mirror.catalog((tenant, subject_id), after_seq)) is None:
             return None
         high, held = known
-        return high, [_catalog_row(v) for v in held]
+        return high, [_catalog_row(v, texts) for v in held]
 
     def held_by(self, tenant: str, subject_id: str,
                 namespaces: list[str] | None = None) -> list[str]:

@@ -48,6 +48,8 @@ def answers(store: MemoryStore, ids: list[str]) -> dict[str, Any]:
         found[f"{member} high"] = high
         for after in range(high + 1):
             found[f"{member} catalog {after}"] = store.catalog(TENANT, member, after)
+            found[f"{member} catalog {after} texts"] = store.catalog(TENANT, member, after,
+                                                                     texts=True)
         found[f"{member} texts"] = store.texts(TENANT, member, ids)
         found[f"{member} all texts"] = store.texts(TENANT, member, None)
         for each in ids:

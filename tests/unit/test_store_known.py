@@ -23,9 +23,11 @@ def same_as_the_writers(store: MemoryStore, ids: list[str]) -> int:
     for member in MEMBERS:
         high = store.high_seq(TENANT, member)
         for after in range(high + 1):
-            if (known := store.known_catalog(TENANT, member, after)) is not None:
-                given += 1
-                assert known == (high, store.catalog(TENANT, member, after))
+            for texts in (False, True):
+                if (known := store.known_catalog(TENANT, member, after,
+                                                 texts=texts)) is not None:
+                    given += 1
+                    assert known == (high, store.catalog(TENANT, member, after, texts=texts))
         for wanted in ([*ids], ids[-1:], []):
             if (texts := store.known_texts(TENANT, member, wanted)) is not None:
                 given += 1
