@@ -300,7 +300,7 @@ def embed_one_ms(samples: int = 200, *, compute: str = "int8", threads: int = 1,
     """p50 of the shipped model embedding one query, in this process, before memgate starts:
     as the recall actor runs it (int8 compute, one thread), or as the file is (`compute="float"`,
     `threads=0`: every core). With `gap_s`, each query after that long idle, as a lone agent's
-    recall meets the model (on our 2-core VM a 5 ms pause doubles the next run's CPU time).
+    recall meets the model (on our 2-core VM a 5 ms pause about doubles the next run's time).
     `notes`: the benchmark's remembered texts instead of queries, as the embedder runs them."""
     try:
         from memgate.app.settings import Settings

@@ -106,7 +106,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
                              model=model(), tokenizer=settings.embedding_tokenizer,
                              bus=bus("embedder"), batch=settings.embedding_batch)
 
-    made: dict[str, Callable[[], Actor]] = {
+    makers: dict[str, Callable[[], Actor]] = {
         "directory": lambda: DirectoryActor(
             path=data / "directory.duckdb", admin_token=lambda: admin_token(settings),
             bus=bus("directory"), partitions=settings.partitions,
@@ -142,13 +142,13 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             purge_after_s=settings.sessions_purge_after_s),
     }
     for partition in settings.partition_names():
-        made |= {
+        makers |= {
             f"storage.{partition}": partial(storage, partition),
             f"indexer.{partition}": partial(indexer, partition),
             f"embedder.{partition}": partial(embedder, partition),
         }
     return [*([recall] if recall is not None else []),
-            *(make() for name, make in made.items() if wanted(name))]
+            *(make() for name, make in makers.items() if wanted(name))]
 
 
 def actor_names(settings: Settings) -> list[str]:
