@@ -11,7 +11,7 @@ import pytest
 
 from memgate.app.settings import BUNDLED_TOKENIZER, Settings, default_model
 from memgate.embedding import OnnxEmbedder
-from memgate.embedding.quantized import compute_model
+from memgate.embedding.quantized import compute_model, write_unpadded
 
 TEXTS = [
     "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
@@ -65,3 +65,37 @@ def test_a_model_that_cannot_be_quantized_runs_as_it_is(tmp_path: Path,
         assert compute_model(broken, compute="int8", cache=tmp_path / "cache") == broken
     assert "kept in float compute" in caplog.text
     assert not list((tmp_path / "cache").glob("*.onnx"))
+
+
+def test_what_only_padding_needs_leaves_the_graph_with_the_same_bits_out(tmp_path: Path,
+                                                                  int8_file: Path) -> None:
+    import onnx
+
+    unpadded = tmp_path / "unpadded.onnx"
+    assert write_unpadded(default_model(), unpadded)
+    ops = [node.op_type for node in onnx.load(str(unpadded)).graph.node]
+    before_ops = [node.op_type for node in onnx.load(str(default_model())).graph.node]
+    assert "Softmax" in ops and "IsNaN" not in ops
+    assert ops.count("Reshape") < before_ops.count("Reshape")  # one transpose per key
+    before = OnnxEmbedder(default_model(), BUNDLED_TOKENIZER, threads=1).embed(TEXTS)
+    after = OnnxEmbedder(unpadded, BUNDLED_TOKENIZER, threads=1).embed(TEXTS)
+    assert np.array_equal(before, after)
+    # the file the actors run was built that way
+    built = onnx.load(str(int8_file)).graph
+    assert "IsNaN" not in {node.op_type for node in built.node}
+    assert "attention_mask" not in {name for node in built.node for name in node.input}
+
+
+def test_a_graph_of_another_layout_keeps_its_mask(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 4])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Add", ["scores", "mask"], ["masked"]),
+                               helper.make_node("Softmax", ["masked"], ["out"])],
+                              "plain", [scores, mask], [out])
+    source = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    assert not write_unpadded(source, tmp_path / "unpadded.onnx")

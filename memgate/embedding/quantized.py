@@ -8,7 +8,16 @@ onnxruntime's own dynamic quantization (per output channel, int8 weights, only p
 constant weight, activations quantized per run): ~1.4 ms and ~4.7 ms, vectors at cosine 0.993 on
 average to the float ones, the same recall on the development half.
 
-Built once per model file and onnxruntime version, in a cache directory, and reused.
+Then what only padding needs leaves the graph: `OnnxEmbedder` runs each text alone, never
+padded, so the attention mask added to every layer's scores is all zeros and the guard that
+replaces a NaN in their softmax never fires (it only matters for a row that is all padding); and
+the shapes that a padded batch would need are not computed per layer: each key's chain of
+transposes and reshapes (with the shape arithmetic feeding it) is one transpose. 450 → 350
+nodes, ~12 % less CPU for a query and ~9 % for a note (measured), the same bits out: nothing
+that computes a value changes. The result is kept only when it gives exactly the quantized
+graph's output on probe inputs; a model of another layout runs as quantized.
+
+Built once per model file, recipe and onnxruntime version, in a cache directory, and reused.
 """
 
 from __future__ import annotations
@@ -18,11 +27,19 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import onnxruntime as ort
 
+if TYPE_CHECKING:
+    import onnx
+
 log = logging.getLogger("memgate.embedding")
+RECIPE = "fold, int8 per channel, unpadded (2)"  # part of the cache key
+# Token ids the rewritten graph must answer exactly as the quantized one: [CLS] … [SEP], 2 to 64
+PROBES = [[101, 102], [101, 7592, 102], [101, *range(2000, 2010), 102],
+          [101, *range(3000, 3062), 102]]
 
 
 def int8_model(source: Path, cache: Path) -> Path:
@@ -30,7 +47,7 @@ def int8_model(source: Path, cache: Path) -> Path:
     processes may build it at once: each writes its own file and renames it into place."""
     stat = source.stat()
     key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|"
-                         f"{ort.__version__}".encode()).hexdigest()[:16]
+                         f"{ort.__version__}|{RECIPE}".encode()).hexdigest()[:16]
     target = cache / f"{source.stem}-{key}.int8.onnx"
     if target.exists():
         return target
@@ -51,9 +68,109 @@ def int8_model(source: Path, cache: Path) -> Path:
                              extra_options={"MatMulConstBOnly": True})
         finally:
             root.setLevel(level)
+        unpadded = Path(tmp) / "unpadded.onnx"
+        if write_unpadded(built, unpadded):
+            built = unpadded
         os.replace(built, target)
     log.info("embedding model quantized for int8 compute: %s", target.name)
     return target
+
+
+def write_unpadded(source: Path, target: Path) -> bool:
+    """Write `source` to `target` without what only padding needs (`without_padding`) when
+    that gives the same output bits on every probe input; whether it did."""
+    import onnx
+
+    model = onnx.load(str(source))
+    if not without_padding(model):
+        return False
+    onnx.save(model, str(target))
+    return all(np.array_equal(a, b) for a, b in zip(_outputs(source), _outputs(target),
+                                                    strict=True))
+
+
+def without_padding(model: onnx.ModelProto) -> bool:
+    """Rewrite `model` in place for texts run alone, unpadded: each softmax takes the scores
+    without the (all-zero) mask added and loses its NaN guard; each key's chain of transposes
+    and reshapes becomes one transpose; then every node and constant the outputs no longer
+    need goes. Whether the softmaxes were laid out so (else `model` is left as it was)."""
+    from onnx import helper
+
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+
+    def made_by(name: str, op: str, perm: list[int] | None = None) -> onnx.NodeProto | None:
+        node = producer.get(name)
+        if node is None or node.op_type != op:
+            return None
+        perms = [list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "perm"]
+        return node if perm is None or perms == [perm] else None
+
+    unmasked: list[tuple[onnx.NodeProto, str, str]] = []  # softmax, scores, guarded output
+    for softmax in (n for n in graph.node if n.op_type == "Softmax"):
+        added = made_by(softmax.input[0], "Add")
+        guards = users.get(softmax.output[0], [])
+        nan = next((n for n in guards if n.op_type == "IsNaN"), None)
+        where = next((n for n in guards if n.op_type == "Where"), None)
+        if (added is None or nan is None or where is None or len(guards) != 2
+                or list(where.input[::2]) != [nan.output[0], softmax.output[0]]):
+            return False
+        unmasked.append((softmax, added.input[0], where.output[0]))
+    if not unmasked:
+        return False
+    # [B,S,H,D] -(0 2 1 3)-> [B,H,S,D] -> [B*H,S,D] -(0 2 1)-> [B*H,D,S] -> [B,H,D,S]: (0 2 3 1)
+    keys: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        second = made_by(node.input[0], "Transpose", [0, 2, 1]) if node.op_type == "Reshape" \
+            else None
+        merged = second and made_by(second.input[0], "Reshape")
+        first = merged and made_by(merged.input[0], "Transpose", [0, 2, 1, 3])
+        if first:
+            keys[id(node)] = helper.make_node("Transpose", [first.input[0]], list(node.output),
+                                              name=f"{node.name}.key", perm=[0, 2, 3, 1])
+    renamed = {guarded: softmax.output[0] for softmax, _, guarded in unmasked}
+    for softmax, scores, _ in unmasked:
+        softmax.input[0] = scores
+    nodes = [keys.get(id(node), node) for node in graph.node]
+    for node in nodes:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    made = {out: node for node in nodes for out in node.output}
+    needed: set[int] = set()
+    wanted = [o.name for o in graph.output]
+    while wanted:
+        node = made.get(wanted.pop())
+        if node is not None and id(node) not in needed:
+            needed.add(id(node))
+            wanted.extend(name for name in node.input if name)
+    kept = [node for node in nodes if id(node) in needed]  # still in topological order
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in node.input}
+    constants = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(constants)
+    return True
+
+
+def _outputs(model: Path) -> list[np.ndarray]:
+    """The model's first output for each probe (one thread, as the actors run it)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in session.get_inputs()}
+    results = []
+    for probe in PROBES:
+        ids = np.array([probe], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                 "token_type_ids": np.zeros_like(ids)}
+        results.append(np.asarray(session.run(None, {k: v for k, v in feeds.items()
+                                                     if k in inputs})[0]))
+    return results
 
 
 def compute_model(source: Path, *, compute: Literal["int8", "float"], cache: Path) -> Path:
