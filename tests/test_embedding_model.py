@@ -99,3 +99,20 @@ def test_a_graph_of_another_layout_keeps_its_mask(tmp_path: Path) -> None:
     source = tmp_path / "plain.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
     assert not write_unpadded(source, tmp_path / "unpadded.onnx")
+
+
+def test_a_failed_rewrite_keeps_the_quantized_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import onnx
+
+    from memgate.embedding import quantized
+
+    def broken(source: Path, target: Path) -> bool:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(quantized, "write_unpadded", broken)
+    with caplog.at_level(logging.WARNING, logger="memgate.embedding"):
+        built = compute_model(default_model(), compute="int8", cache=tmp_path)
+    assert built != default_model()
+    assert "IsNaN" in {node.op_type for node in onnx.load(str(built)).graph.node}
+    assert "kept with its padding mask (RuntimeError)" in caplog.text
