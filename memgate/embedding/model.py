@@ -46,9 +46,15 @@ class OnnxEmbedder:
 
     def _pooled(self, token_ids: list[int]) -> np.ndarray:
         """One text's token states, averaged (no padding: every token counts)."""
-        ids = np.array([token_ids], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                 "token_type_ids": np.zeros_like(ids)}
-        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})
+        hidden = self._session.run(None, unpadded_feeds(token_ids, self._inputs))
         pooled: np.ndarray = np.asarray(hidden[0]).mean(axis=1)
         return pooled
+
+
+def unpadded_feeds(token_ids: list[int], inputs: set[str]) -> dict[str, np.ndarray]:
+    """A BERT-style model's inputs for one text alone (of `inputs`, those the model takes):
+    every position attended, one segment."""
+    ids = np.array([token_ids], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+             "token_type_ids": np.zeros_like(ids)}
+    return {name: value for name, value in feeds.items() if name in inputs}

@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import onnxruntime as ort
 
+from memgate.embedding.model import unpadded_feeds
+
 if TYPE_CHECKING:
     import onnx
 
 log = logging.getLogger("memgate.embedding")
-RECIPE = "fold, int8 per channel, unpadded (2)"  # part of the cache key
+RECIPE = "fold, int8 per channel, unpadded"  # part of the cache key
 # Token ids the rewritten graph must answer exactly as the quantized one: [CLS] … [SEP], 2 to 64
 PROBES = [[101, 102], [101, 7592, 102], [101, *range(2000, 2010), 102],
           [101, *range(3000, 3062), 102]]
@@ -127,9 +129,8 @@ def without_padding(model: onnx.ModelProto) -> bool:
         return False
     # [B,S,H,D] -(0 2 1 3)-> [B,H,S,D] -> [B*H,S,D] -(0 2 1)-> [B*H,D,S] -> [B,H,D,S]: (0 2 3 1)
     keys: dict[int, onnx.NodeProto] = {}
-    for node in graph.node:
-        second = made_by(node.input[0], "Transpose", [0, 2, 1]) if node.op_type == "Reshape" \
-            else None
+    for node in (n for n in graph.node if n.op_type == "Reshape"):
+        second = made_by(node.input[0], "Transpose", [0, 2, 1])
         merged = second and made_by(second.input[0], "Reshape")
         first = merged and made_by(merged.input[0], "Transpose", [0, 2, 1, 3])
         if first:
@@ -166,14 +167,7 @@ def _outputs(model: Path) -> list[np.ndarray]:
     options.log_severity_level = 3
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     inputs = {i.name for i in session.get_inputs()}
-    results = []
-    for probe in PROBES:
-        ids = np.array([probe], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                 "token_type_ids": np.zeros_like(ids)}
-        results.append(np.asarray(session.run(None, {k: v for k, v in feeds.items()
-                                                     if k in inputs})[0]))
-    return results
+    return [np.asarray(session.run(None, unpadded_feeds(probe, inputs))[0]) for probe in PROBES]
 
 
 def compute_model(source: Path, *, compute: Literal["int8", "float"], cache: Path) -> Path:
