@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from memgate.app.settings import Settings
 
 FRONT = "front"
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ def child_environment(base: dict[str, str], settings: Settings) -> dict[str, str
     # one: a 0.25 ms cosine scan cost the index process 5.6 ms of CPU (measured). The actors'
     # products are small; one thread each (a value set by the user stays).
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # glibc's malloc asks for transparent huge pages for what it maps: the model's weights, read
+    # by every run, then take a few TLB entries instead of thousands, and a run that follows
+    # other work costs less (one agent over the bus: recall p50 9.3 -> 7.8 ms, remember p50
+    # 5.3 -> 4.4 ms, docs/DECISIONS.md). Other C libraries ignore it; a user's value stays.
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb=" not in tunables:
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, HUGE_PAGES)))
     for name, value in settings.model_dump().items():
         key = f"MEMGATE_{name.upper()}"
         if value is None:

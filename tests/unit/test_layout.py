@@ -24,3 +24,13 @@ def test_children_get_the_settings_and_one_blas_thread(tmp_path: Path) -> None:
 def test_a_blas_setting_of_the_users_stays(tmp_path: Path) -> None:
     env = child_environment({"OPENBLAS_NUM_THREADS": "4"}, Settings(data_dir=tmp_path))
     assert env["OPENBLAS_NUM_THREADS"] == "4"
+
+
+def test_children_ask_for_huge_pages_and_keep_the_users_tunables(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    assert child_environment({}, settings)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    mine = "glibc.malloc.arena_max=2"
+    assert (child_environment({"GLIBC_TUNABLES": mine}, settings)["GLIBC_TUNABLES"]
+            == f"{mine}:glibc.malloc.hugetlb=1")
+    off = "glibc.malloc.hugetlb=0"
+    assert child_environment({"GLIBC_TUNABLES": off}, settings)["GLIBC_TUNABLES"] == off
