@@ -59,7 +59,7 @@ class EmbedderActor:
         self._tokenizer = tokenizer
         self._bus = bus
         self._batch = batch
-        self._model_thread = Serial(f"{self.name}.model")
+        self._model_thread = Serial(f"{self.name}.model", background=True)
         self._store_thread = Serial(f"{self.name}.store")
         self._vectors: VectorStore | None = None
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),

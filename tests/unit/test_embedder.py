@@ -3,10 +3,14 @@ stored memories get vectors once, deleted ones lose them, rank orders by cosine.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memgate.actors import embedder as embedder_module
@@ -14,6 +18,7 @@ from memgate.actors.embedder import EmbedderActor
 from memgate.bus import subjects
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
+from memgate.runtime.actor import BACKGROUND_NICE
 from tests.fakes import FakeBus, FakeEmbedder, Served, catalog_route, served, texts_route
 
 pytestmark = pytest.mark.unit
@@ -62,6 +67,22 @@ async def test_stored_memories_rank_by_cosine_similarity(world: World) -> None:
     assert (await world.rank("team lunch friday"))[0] == "b"
     assert "a" not in await world.rank("budget review numbers", exclude=("a",))
     assert await world.rank("budget", namespace="elsewhere") == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have priorities of their own on Linux")
+async def test_memories_are_embedded_at_a_lower_priority_than_commands_are_served(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    niceness: list[int] = []
+    embed = world.model.embed
+
+    def embed_noting_priority(texts: list[str]) -> np.ndarray:
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return embed(texts)
+
+    monkeypatch.setattr(world.model, "embed", embed_noting_priority)
+    await world.stored("a")
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert niceness and niceness[0] == min(here + BACKGROUND_NICE, 19)
 
 
 async def test_only_memories_with_vectors_are_ranked(world: World) -> None:
