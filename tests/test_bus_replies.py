@@ -15,11 +15,13 @@ import nats
 import pytest
 from nats.errors import NoRespondersError
 
-from memgate.bus import EmbeddedNats, NatsRouter, decode_reply, parse, replying
+from memgate.bus import BusClient, EmbeddedNats, NatsRouter, decode_reply, parse, replying
 from memgate.bus.connections import NatsBroker
 from memgate.bus.replies import reply_to
 from memgate.bus.serving import RoutesBroker
-from memgate.contracts.errors import NotFoundError
+from memgate.contracts.errors import (
+    MemgateError, NotFoundError, PayloadTooLargeError, UnavailableError,
+)
 from memgate.contracts.internal import Ready
 from memgate.runtime.actor import ready_route
 
@@ -205,3 +207,39 @@ async def test_events_and_ready_routes_on_the_same_router_are_served(
 
     assert answer.data == b'{"v":1,"ok":true,"result":{"actor":"tester"}}'
     await asyncio.wait_for(heard.wait(), WAIT_S)
+
+
+@pytest.mark.parametrize("actor", ["echo", "missing", "bug", "{not json"])
+async def test_a_subject_answered_in_process_fails_and_succeeds_as_over_the_server(
+        url: str, stack: AsyncExitStack, actor: str, caplog: pytest.LogCaptureFixture) -> None:
+    """`BusClient(local=...)`: what the REST adapter of a `front` process sends its governance."""
+    router = NatsRouter()
+    router.subscriber("t.echo")(replying(echo))
+    await serve(url, router, stack)
+    over = BusClient(await client(url, stack), timeout=WAIT_S)
+    here = BusClient(await client(url, stack), timeout=WAIT_S, local={"t.echo": echo})
+    payload = actor.encode() if actor.startswith("{") else Ready(actor=actor).to_json()
+
+    async def outcome(bus: BusClient) -> object:
+        try:
+            return await bus.request("t.echo", payload, Ready)
+        except MemgateError as exc:
+            return type(exc), exc.code, str(exc), exc.details
+
+    with caplog.at_level(logging.INFO):
+        assert await outcome(here) == await outcome(over)
+    assert SECRET not in caplog.text
+
+
+async def test_a_subject_answered_in_process_still_times_out_and_refuses_oversized(
+        url: str, stack: AsyncExitStack) -> None:
+    async def stuck(payload: bytes) -> Ready:
+        await asyncio.sleep(WAIT_S)
+        return Ready(actor="late")
+
+    nc = await client(url, stack)
+    here = BusClient(nc, timeout=0.2, local={"t.stuck": stuck})
+    with pytest.raises(UnavailableError):
+        await here.request("t.stuck", Ready(actor="x"), Ready)
+    with pytest.raises(PayloadTooLargeError):
+        await here.request("t.stuck", b"x" * (nc.max_payload + 1), Ready)

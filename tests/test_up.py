@@ -84,6 +84,21 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
         ) as agent:
             await agent.remember("contacts", PERSONAL, key="jane")
             await agent.remember("prefs", "deploys on Fridays")
+        # REST commands reach the governance of the front process that took the connection
+        # without a trip through the server (`BusClient(local=...)`), refusals included
+        memories = "/api/agent/v1/memories"
+        bearer = {"Authorization": f"Bearer {token}"}
+        stored = await http.post(f"{memories}/remember", headers=bearer,
+                                 json={"namespace": "prefs", "text": "reviews on Mondays"})
+        assert stored.status_code == 200, stored.text
+        recalled = (await http.post(f"{memories}/recall", headers=bearer,
+                                    json={"query": "when are reviews"})).json()
+        assert recalled["memories"][0]["text"] == "reviews on Mondays"
+        refused = await http.post(f"{memories}/recall", headers={"Authorization": "Bearer x"},
+                                  json={"query": "reviews"})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (401, "UNAUTHENTICATED")
+        invalid = await http.post(f"{memories}/recall", headers=bearer, json={"query": ""})
+        assert (invalid.status_code, invalid.json()["error"]["code"]) == (400, "VALIDATION_ERROR")
         openapi = (await http.get("/openapi.json")).json()
         assert "/api/agent/v1/memories/remember" in openapi["paths"]
 
@@ -92,6 +107,7 @@ async def test_up_serves_everything_and_a_restart_finds_every_memory(tmp_path: P
     ) as agent:
         texts = [m.text for m in (await agent.list()).memories]
     assert texts == [
+        "reviews on Mondays",
         "deploys on Fridays",
         "Mail [EMAIL] or call [PHONE], card [CARD], IBAN [BANK_ACCOUNT], id [IL_ID]",
     ]

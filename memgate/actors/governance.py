@@ -60,13 +60,14 @@ class GovernanceActor:
     async def stop(self) -> None:
         return None
 
+    def commands(self) -> dict[str, Callable[[bytes], Awaitable[Contract]]]:
+        """The public commands it answers, by subject."""
+        return {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
+                subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
+
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        handlers: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
-            subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
-            subjects.LIST: self.list_memories, subjects.FORGET: self.forget,
-        }
-        for subject, handler in handlers.items():
+        for subject, handler in self.commands().items():
             router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
         # every governance process hears it (no queue group)
         router.subscriber(subjects.PRINCIPALS_CHANGED)(self.directory_changed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
@@ -28,6 +28,7 @@ from memgate.adapters import rest_erasure, rest_mem0, rest_sessions, rest_spaces
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
+from memgate.bus.replies import Handler
 from memgate.contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
     DeleteOwnMemories, Done, ForgetRequest, ForgetResult, ListRequest, ListResult, MemberToken,
@@ -72,7 +73,10 @@ def _problems(exc: RequestValidationError) -> list[dict[str, str]]:
 
 def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.0,
                nats_options: dict[str, Any] | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               local: Mapping[str, Handler] | None = None) -> FastAPI:
+    """The REST (and MCP) adapter. `local`: the commands an actor of this process answers,
+    sent to it without the server (`BusClient`); everything else goes over the bus."""
     state: dict[str, BusClient] = {}
     mcp = McpHttpEndpoint()
     # route name → the bus command it sends, for routes whose bus handler parses a body
@@ -88,7 +92,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state["bus"] = await BusClient.connect(nats_url, name="memgate-rest", timeout=timeout,
-                                               **(nats_options or {}))
+                                               local=local, **(nats_options or {}))
         try:
             async with mcp.serving(state["bus"]):
                 yield

@@ -54,7 +54,7 @@ def http_server(settings: Settings, bus: Bus) -> HttpServer:
     """The REST adapter of `settings`, its requests on the bus `bus`."""
     api = create_app(bus.url, ready_subjects=actor_names(settings),
                      timeout=settings.request_timeout_s, nats_options=bus.options,
-                     max_body_bytes=settings.max_body_bytes)
+                     max_body_bytes=settings.max_body_bytes, local=bus.here)
     return HttpServer(uvicorn.Config(
         api, host=settings.http_host, port=settings.http_port, log_level="warning",
         timeout_keep_alive=KEEP_ALIVE_S,

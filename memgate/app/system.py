@@ -11,7 +11,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from memgate.actors.storage import StorageActor
 from memgate.app import ram
 from memgate.app.settings import Settings
 from memgate.bus import EmbeddedNats, subjects
+from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
@@ -166,6 +167,9 @@ class Bus:
 
     url: str
     logins: Mapping[str, dict[str, Any]]  # kind → nats.connect options (user, password, ...)
+    # The public commands an actor of this process answers (`start_actors` adds them): the
+    # adapters of this process send them to it without the trips through the server.
+    here: dict[str, Handler] = field(default_factory=dict, compare=False)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -285,6 +289,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         kind = kind_of(actor.name)
         await actor.start()
         started.append(actor)
+        if isinstance(actor, GovernanceActor):
+            bus.here.update(actor.commands())
         if kind not in brokers:
             brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
         brokers[kind].include_router(actor.router())

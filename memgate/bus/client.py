@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from memgate.bus import subjects
-from memgate.bus.replies import decode_reply, validation_failure
+from memgate.bus.replies import Handler, decode_reply, reply_to, validation_failure
 from memgate.bus.streams import BatchHandler, DurableConsumer
 from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
@@ -37,15 +38,22 @@ def _build(model: type[T], **fields: Any) -> T:
 
 
 class BusClient:
-    """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies."""
+    """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies.
 
-    def __init__(self, nc: NatsConnection, *, timeout: float = 10.0) -> None:
+    `local`: subjects an actor of this process answers (the REST and MCP adapters of a `front`
+    process, and governance). Those requests go to its handler with the same bytes and come
+    back as the same reply, failures included, without the two trips through the server."""
+
+    def __init__(self, nc: NatsConnection, *, timeout: float = 10.0,
+                 local: Mapping[str, Handler] | None = None) -> None:
         self._nc = nc
         self._timeout = timeout
+        self._local = dict(local or {})
 
     @classmethod
     async def connect(cls, url: str, *, name: str, timeout: float = 10.0,
-                      connect_timeout: float | None = None, **options: Any) -> BusClient:
+                      connect_timeout: float | None = None,
+                      local: Mapping[str, Handler] | None = None, **options: Any) -> BusClient:
         """A client on a connection of its own (`close()` drains it). With `connect_timeout`,
         an unreachable NATS or a refused login raises `TimeoutError` after that many seconds."""
 
@@ -55,7 +63,7 @@ class BusClient:
         connecting = nats.connect(url, name=name, error_cb=error, **options)
         nc = await (connecting if connect_timeout is None
                     else asyncio.wait_for(connecting, connect_timeout))
-        return cls(nc, timeout=timeout)
+        return cls(nc, timeout=timeout, local=local)
 
     async def close(self) -> None:
         """Let outstanding requests finish, then close the connection."""
@@ -64,6 +72,9 @@ class BusClient:
     async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
                       *, timeout: float | None = None) -> T:
         data = payload if isinstance(payload, bytes) else payload.to_json()
+        answer = self._local.get(subject)
+        if answer is not None:
+            return decode_reply(await self._here(answer, subject, data, timeout), result_type)
         try:
             msg = await self._nc.request(subject, data, timeout=timeout or self._timeout)
         except NoRespondersError:
@@ -74,6 +85,17 @@ class BusClient:
         except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
             raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
         return decode_reply(msg.data, result_type)
+
+    async def _here(self, answer: Handler, subject: str, data: bytes,
+                    timeout: float | None) -> bytes:
+        """The reply of an actor of this process, refused as the server would refuse it."""
+        if len(data) > self._nc.max_payload:
+            raise PayloadTooLargeError("the request exceeds the bus's payload limit")
+        try:
+            return await asyncio.wait_for(reply_to(answer, data, subject),
+                                          timeout or self._timeout)
+        except TimeoutError:
+            raise UnavailableError("the request timed out", {"subject": subject}) from None
 
     async def publish(self, subject: str, fact: dict[str, Any]) -> None:
         """Announce a fact (ids only) on a subject; events subjects are kept by JetStream."""
