@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -243,3 +244,18 @@ async def test_a_subject_answered_in_process_still_times_out_and_refuses_oversiz
         await here.request("t.stuck", Ready(actor="x"), Ready)
     with pytest.raises(PayloadTooLargeError):
         await here.request("t.stuck", b"x" * (nc.max_payload + 1), Ready)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the server's environment in /proc")
+async def test_the_embedded_server_runs_go_on_one_thread_unless_the_user_says_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def gomaxprocs(server: EmbeddedNats) -> str:
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        return dict(v.decode().partition("=")[::2] for v in environ if v)["GOMAXPROCS"]
+
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    async with EmbeddedNats(tmp_path / "default") as server:
+        assert gomaxprocs(server) == "1"
+    monkeypatch.setenv("GOMAXPROCS", "3")
+    async with EmbeddedNats(tmp_path / "users") as server:
+        assert gomaxprocs(server) == "3"
