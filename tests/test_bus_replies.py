@@ -221,15 +221,19 @@ async def test_a_subject_answered_in_process_fails_and_succeeds_as_over_the_serv
     here = BusClient(await client(url, stack), timeout=WAIT_S, local={"t.echo": echo})
     payload = actor.encode() if actor.startswith("{") else Ready(actor=actor).to_json()
 
-    async def outcome(bus: BusClient) -> object:
+    async def outcome(bus: BusClient, subject: str = "t.echo") -> object:
         try:
-            return await bus.request("t.echo", payload, Ready)
+            return await bus.request(subject, payload, Ready)
         except MemgateError as exc:
             return type(exc), exc.code, str(exc), exc.details
 
     with caplog.at_level(logging.INFO):
         assert await outcome(here) == await outcome(over)
     assert SECRET not in caplog.text
+    # answered here, not by the server: no actor on the bus listens to this one
+    alone = BusClient(await client(url, stack), timeout=WAIT_S, local={"t.here": echo})
+    assert await outcome(alone, "t.here") == await outcome(over)
+    assert (await outcome(over, "t.here"))[:2] == (UnavailableError, "UNAVAILABLE")  # type: ignore[index]
 
 
 async def test_a_subject_answered_in_process_still_times_out_and_refuses_oversized(
@@ -240,7 +244,7 @@ async def test_a_subject_answered_in_process_still_times_out_and_refuses_oversiz
 
     nc = await client(url, stack)
     here = BusClient(nc, timeout=0.2, local={"t.stuck": stuck})
-    with pytest.raises(UnavailableError):
+    with pytest.raises(UnavailableError, match="timed out"):  # over the bus: "no actor answers"
         await here.request("t.stuck", Ready(actor="x"), Ready)
     with pytest.raises(PayloadTooLargeError):
         await here.request("t.stuck", b"x" * (nc.max_payload + 1), Ready)

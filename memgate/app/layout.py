@@ -68,8 +68,9 @@ def child_environment(base: dict[str, str], settings: Settings) -> dict[str, str
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     # glibc's malloc asks for transparent huge pages for what it maps: the model's weights, read
     # by every run, then take a few TLB entries instead of thousands, and a run that follows
-    # other work costs less (one agent over the bus: recall p50 9.3 -> 7.8 ms, remember p50
-    # 5.3 -> 4.4 ms, docs/DECISIONS.md). Other C libraries ignore it; a user's value stays.
+    # other work costs less (one agent over the bus, medians of 3 pairs: recall p50 9.4 -> 7.8
+    # ms, remember p50 5.3 -> 4.4 ms; docs/DECISIONS.md). Other C libraries ignore it; a user's
+    # value stays.
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb=" not in tunables:
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, HUGE_PAGES)))
