@@ -31,6 +31,13 @@ class Up:
     process: asyncio.subprocess.Process
     http: httpx.AsyncClient
     nats_url: str
+    log: Path  # what `memgate up` wrote (its children's output too)
+
+    async def interrupted(self) -> None:
+        """Ctrl-C: memgate up stops within a minute with status 0 (else its output, shown)."""
+        self.process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(self.process.wait(), 60)
+        assert code == 0, f"memgate up exited {code}:\n{self.log.read_text()[-4000:]}"
 
 
 def children(pid: int) -> dict[int, str]:
@@ -74,16 +81,19 @@ async def healthy(http: httpx.AsyncClient) -> bool:
 @asynccontextmanager
 async def memgate_up(data_dir: Path, **env: str) -> AsyncIterator[Up]:
     http_port, nats_port = free_port(), free_port()
+    log = data_dir.parent / "memgate-up.log"  # outside the data directory the tests inspect
+    output = log.open("wb")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data_dir),
         "--http", f"127.0.0.1:{http_port}",
         env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN,
              "MEMGATE_NATS_PORT": str(nats_port), **env},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        stdout=output, stderr=output)
+    output.close()  # the child holds its own copy
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}",
                                      timeout=30) as http:
-            up = Up(process, http, f"nats://127.0.0.1:{nats_port}")
+            up = Up(process, http, f"nats://127.0.0.1:{nats_port}", log)
             await eventually(lambda: healthy(http), timeout=90)
             yield up
     finally:
@@ -187,10 +197,13 @@ async def test_killing_each_process_mid_load_loses_and_duplicates_nothing_acknow
 
         await asyncio.gather(*(every_one_recalled(load) for load in loads))
 
-        up.process.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(up.process.wait(), 60) == 0
+        await up.interrupted()
         left = [pid for pid in seen if alive(pid)]
         assert not left, f"processes outlived memgate up: {left}"
+        # the crashes, restarts and retries logged no memory's text
+        output = up.log.read_text()
+        assert "restarting" in output
+        assert not [t for load in loads for t in load.acked.values() if t.split()[-1] in output]
 
 
 def progressed(loads: list[Load], n: int) -> Callable[[], Awaitable[bool]]:
@@ -219,6 +232,5 @@ async def test_workers_run_several_front_processes_and_ctrl_c_stops_them_all(
         await agent.close()
         everyone = list(children(up.process.pid))  # the children and the nats-server
         assert len(everyone) == 5
-        up.process.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(up.process.wait(), 60) == 0
+        await up.interrupted()
         assert [pid for pid in everyone if alive(pid)] == []
