@@ -238,14 +238,22 @@ async def test_a_subject_answered_in_process_fails_and_succeeds_as_over_the_serv
 
 async def test_a_subject_answered_in_process_still_times_out_and_refuses_oversized(
         url: str, stack: AsyncExitStack) -> None:
+    cancelled = asyncio.Event()
+
     async def stuck(payload: bytes) -> Ready:
-        await asyncio.sleep(WAIT_S)
+        try:
+            await asyncio.sleep(WAIT_S)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
         return Ready(actor="late")
 
     nc = await client(url, stack)
     here = BusClient(nc, timeout=0.2, local={"t.stuck": stuck})
-    with pytest.raises(UnavailableError, match="timed out"):  # over the bus: "no actor answers"
+    with pytest.raises(UnavailableError, match="timed out") as failed:  # bus: "no actor answers"
         await here.request("t.stuck", Ready(actor="x"), Ready)
+    assert failed.value.details == {"subject": "t.stuck"}
+    assert cancelled.is_set()  # the handler does not run on after its caller gave up
     with pytest.raises(PayloadTooLargeError):
         await here.request("t.stuck", b"x" * (nc.max_payload + 1), Ready)
 

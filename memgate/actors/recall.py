@@ -136,10 +136,9 @@ class RecallActor:
             request.model_copy(update={"vector": (await vector).tolist()}))
 
     async def recall(self, payload: bytes) -> RecallResult:
-        return await self.answer(parse(RecallQuery, payload))
-
-    async def answer(self, query: RecallQuery) -> RecallResult:
-        """The recall of `query` (also called in process: `runtime.local`)."""
+        """The recall of a `RecallQuery` (governance and space-memories of this process hand
+        it over without the server: `BusClient(local=…)`)."""
+        query = parse(RecallQuery, payload)
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert self._batcher is not None, "start() first"

@@ -3,7 +3,7 @@
 Each DuckDB file and Tantivy directory has exactly one owner: the `store` group holds every
 single writer of DuckDB (directory, registry, storage.pN) except the vectors, which the
 embedder of the `index` group owns beside its partition's Tantivy index. The stateless `front`
-group (REST + governance + recall, which governance asks in process: `runtime.local`) runs
+group (REST + governance + recall, which governance asks in process: `BusClient(local=…)`) runs
 `workers` processes, sharing their queue groups and one listening socket. The nats-authority
 stays in the supervisor, which owns the embedded server it reconfigures.
 """

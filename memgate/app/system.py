@@ -37,12 +37,10 @@ from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
-from memgate.contracts.internal import RecallQuery
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
 from memgate.runtime.actor import Actor
-from memgate.runtime.local import InProcess, Local
 from memgate.storage import Limits
 
 log = logging.getLogger("memgate")
@@ -66,7 +64,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     """The actors `wanted` (by name; all by default), each talking to the bus over its kind's
     connection (`kinds`); nothing is made for the others (no model file, no RAM directory).
     `nats_authority`: this process runs the embedded server and its nats-authority. When recall
-    is wanted, governance and space-memories ask it in process (`runtime.local`)."""
+    is wanted, governance and space-memories ask it in process (`BusClient(local=…)`)."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
     model = cache(settings.compute_model)  # onnxruntime: the processes that run the model only
@@ -82,11 +80,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     def asks(kind: str) -> Requester:
         """The requests of an actor that asks recall: answered in process when recall runs
         here, else over the bus."""
-        if recall is None:
-            return bus(kind)
-        return InProcess(bus(kind),
-                         {subjects.recall_internal(): Local(RecallQuery, recall.answer)},
-                         timeout=settings.request_timeout_s)
+        return bus(kind, local=None if recall is None else {
+            subjects.recall_internal(): recall.recall})
 
     def storage(partition: str) -> Actor:
         return StorageActor(partition=partition,

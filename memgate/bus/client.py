@@ -14,10 +14,9 @@ import nats
 from pydantic import ValidationError
 from nats.aio.client import Client as NatsConnection
 from nats.errors import MaxPayloadError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from memgate.bus import subjects
-from memgate.bus.replies import Handler, decode_reply, reply_to, validation_failure
+from memgate.bus.replies import Handler, answer, decode_reply, validation_failure
 from memgate.bus.streams import BatchHandler, DurableConsumer
 from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
@@ -40,9 +39,10 @@ def _build(model: type[T], **fields: Any) -> T:
 class BusClient:
     """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies.
 
-    `local`: subjects an actor of this process answers (the REST and MCP adapters of a `front`
-    process, and governance). Those requests go to its handler with the same bytes and come
-    back as the same reply, failures included, without the two trips through the server."""
+    `local`: subjects an actor of this process answers (in a `front` process: governance, for
+    the REST and MCP adapters; recall, for governance and space-memories). Those requests go to
+    its handler with the same bytes, without the two trips through the server, and fail as its
+    reply would; the result comes back as the handler made it."""
 
     def __init__(self, nc: NatsConnection, *, timeout: float = 10.0,
                  local: Mapping[str, Handler] | None = None) -> None:
@@ -72,30 +72,31 @@ class BusClient:
     async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
                       *, timeout: float | None = None) -> T:
         data = payload if isinstance(payload, bytes) else payload.to_json()
-        answer = self._local.get(subject)
-        if answer is not None:
-            return decode_reply(await self._here(answer, subject, data, timeout), result_type)
+        handler = self._local.get(subject)
         try:
+            if handler is not None:
+                return await self._here(handler, subject, data, result_type,
+                                        timeout or self._timeout)
             msg = await self._nc.request(subject, data, timeout=timeout or self._timeout)
         except NoRespondersError:
             raise UnavailableError("no actor answers on this subject",
                                    {"subject": subject}) from None
-        except NatsTimeoutError:
+        except TimeoutError:  # nats-py's is one too
             raise UnavailableError("the request timed out", {"subject": subject}) from None
         except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
             raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
         return decode_reply(msg.data, result_type)
 
-    async def _here(self, answer: Handler, subject: str, data: bytes,
-                    timeout: float | None) -> bytes:
-        """The reply of an actor of this process, refused as the server would refuse it."""
+    async def _here(self, handler: Handler, subject: str, data: bytes, result_type: type[T],
+                    timeout: float) -> T:
+        """The answer of an actor of this process, refused as the server would refuse it, and
+        failing as its reply would; the result as it is, not encoded and parsed again."""
         if len(data) > self._nc.max_payload:
-            raise PayloadTooLargeError("the request exceeds the bus's payload limit")
-        try:
-            return await asyncio.wait_for(reply_to(answer, data, subject),
-                                          timeout or self._timeout)
-        except TimeoutError:
-            raise UnavailableError("the request timed out", {"subject": subject}) from None
+            raise MaxPayloadError
+        result = await asyncio.wait_for(answer(handler, data, subject), timeout)
+        if not isinstance(result, result_type):  # a wiring mistake, not a runtime condition
+            raise TypeError(f"{subject} answered {type(result).__name__}")
+        return result
 
     async def publish(self, subject: str, fact: dict[str, Any]) -> None:
         """Announce a fact (ids only) on a subject; events subjects are kept by JetStream."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
@@ -12,6 +12,7 @@ from faststream.security import SASLPlaintext
 from nats.aio.client import Client as NatsClient
 
 from memgate.bus.client import BusClient
+from memgate.bus.replies import Handler
 from memgate.bus.serving import RoutesBroker
 from memgate.bus.streams import EventPublisher
 
@@ -41,8 +42,9 @@ class KindConnections:
     def _nc(self, kind: str) -> NatsClient:
         return self._connections.setdefault(kind, NatsClient())
 
-    def client(self, kind: str) -> BusClient:
-        return BusClient(self._nc(kind), timeout=self._timeout)
+    def client(self, kind: str, *, local: Mapping[str, Handler] | None = None) -> BusClient:
+        """A client on `kind`'s connection; `local`: subjects an actor of this process answers."""
+        return BusClient(self._nc(kind), timeout=self._timeout, local=local)
 
     def publisher(self, kind: str) -> EventPublisher:
         return EventPublisher(self._nc(kind))

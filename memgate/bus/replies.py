@@ -68,16 +68,26 @@ def ok_bytes(result: Contract) -> bytes:
     return OK_PREFIX + result.to_json() + b"}"
 
 
+async def answer(handler: Handler, payload: bytes, subject: str) -> Contract:
+    """The handler's result. Any failure is the typed error its reply carries: its own, a
+    validation failure (no input values), or for an unexpected bug `INTERNAL`, logged with
+    where it came from and never its message (content)."""
+    try:
+        return await handler(payload)
+    except MemgateError:
+        raise
+    except ValidationError as exc:
+        raise validation_failure(exc) from None
+    except Exception as exc:
+        log.error("handler on %s failed: %s", subject, traceback_summary(exc))
+        raise InternalError("internal error") from None
+
+
 async def reply_to(handler: Handler, payload: bytes, subject: str) -> bytes:
     try:
-        return ok_bytes(await handler(payload))
+        return ok_bytes(await answer(handler, payload, subject))
     except MemgateError as exc:
         return Failure.of(exc).to_json()
-    except ValidationError as exc:
-        return Failure.of(validation_failure(exc)).to_json()
-    except Exception as exc:  # an unexpected bug: where it came from, never its message (content)
-        log.error("handler on %s failed: %s", subject, traceback_summary(exc))
-        return Failure.of(InternalError("internal error")).to_json()
 
 
 async def undecoded(msg: NatsMessage) -> NatsMessage:
