@@ -234,3 +234,28 @@ async def test_workers_run_several_front_processes_and_ctrl_c_stops_them_all(
         assert len(everyone) == 5
         await up.interrupted()
         assert [pid for pid in everyone if alive(pid)] == []
+
+
+async def test_an_agents_remember_is_governed_beside_storage_without_the_front(
+    tmp_path: Path,
+) -> None:
+    """`app.layout`: remembers over the bus are governed in the `store` process, which hands them
+    to storage in process; the other commands go to the `front`."""
+    async with memgate_up(tmp_path / "data") as up:
+        agent = await new_agent(up, up.http)
+        fronts = [pid for pid, cmdline in children(up.process.pid).items()
+                  if "--group front" in cmdline]
+        assert fronts
+        for pid in fronts:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            stored = await agent.remember("n", "the deploy is on friday")
+            with pytest.raises(TimeoutError):  # recall is the front's
+                await asyncio.wait_for(agent.recall("deploy"), 1.0)
+        finally:
+            for pid in fronts:
+                os.kill(pid, signal.SIGCONT)
+        listed = (await agent.list(namespace="n")).memories
+        assert [m.memory_id for m in listed] == [stored.memory_id]
+        await agent.close()
+        await up.interrupted()

@@ -7,9 +7,10 @@ pass the command to the internal actor that does the work. The unmasked text goe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
     RecallRequest, RecallResult, RememberRequest, RememberResult, Scope,
@@ -41,18 +42,21 @@ class GovernanceActor:
     name = "governance"
 
     def __init__(self, *, directory: Directory, registry: Registry, storage: Storage,
-                 recall: Requester) -> None:
+                 recall: Requester, serves: Collection[str] = PUBLIC_COMMANDS) -> None:
         self._directory = directory
         self._registry = registry
         self._storage = storage
         self._recall = recall
+        self._serves = frozenset(serves)
 
     @classmethod
-    def on_bus(cls, bus: Requester, *, partitions: int) -> GovernanceActor:
+    def on_bus(cls, bus: Requester, *, partitions: int,
+               serves: Collection[str] = PUBLIC_COMMANDS) -> GovernanceActor:
         """Governance whose collaborators are the other actors, reached over `bus`; the
-        principals it resolves are kept until the directory announces a change."""
+        principals it resolves are kept until the directory announces a change. It takes the
+        public commands `serves` from the bus (and all of them from its process's adapters)."""
         return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
-                   storage=BusStorage(bus, partitions=partitions), recall=bus)
+                   storage=BusStorage(bus, partitions=partitions), recall=bus, serves=serves)
 
     async def start(self) -> None:
         return None
@@ -68,7 +72,9 @@ class GovernanceActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         for subject, handler in self.commands().items():
-            router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
+            if subject in self._serves:
+                router.subscriber(subject, queue=QUEUE,
+                                  max_workers=CONCURRENCY)(replying(handler))
         # every governance process hears it (no queue group)
         router.subscriber(subjects.PRINCIPALS_CHANGED)(self.directory_changed)
         ready_route(router, subjects.ready(self.name), self.name)

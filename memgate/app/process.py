@@ -91,7 +91,7 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
     bus = (external_bus(settings, nats_url) if settings.nats_url is not None
            else internal_bus(nats_url, internal_logins(settings)))
     async with AsyncExitStack() as stack:
-        await start_actors(settings, bus, stack, only=members.actors)
+        await start_actors(settings, bus, stack, only=members.actors, governs=members.governs)
         http: HttpServer | None = None
         serving: asyncio.Task[None] | None = None
         if members.rest and http_fd is not None:

@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cache, partial
@@ -35,7 +35,7 @@ from memgate.app.settings import Settings
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
-from memgate.bus.logins import ADAPTER, ROLES, inbox_prefix, kind_of
+from memgate.bus.logins import ADAPTER, PUBLIC_COMMANDS, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import Login, server_config
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
@@ -60,11 +60,14 @@ def admin_token(settings: Settings) -> str:
 
 
 def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: bool = False,
-                 wanted: Callable[[str], bool] = lambda name: True) -> list[Actor]:
+                 wanted: Callable[[str], bool] = lambda name: True,
+                 governs: Collection[str] = PUBLIC_COMMANDS) -> list[Actor]:
     """The actors `wanted` (by name; all by default), each talking to the bus over its kind's
     connection (`kinds`); nothing is made for the others (no model file, no RAM directory).
     `nats_authority`: this process runs the embedded server and its nats-authority. When recall
-    is wanted, governance and space-memories ask it in process (`BusClient(local=…)`)."""
+    is wanted, governance and space-memories ask it in process (`BusClient(local=…)`), and
+    governance hands remembers to a storage of this process the same way. `governs`: the
+    public commands governance takes from the bus (`app.layout`)."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
     model = cache(settings.compute_model)  # onnxruntime: the processes that run the model only
@@ -77,19 +80,29 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         tokenizer=settings.embedding_tokenizer,
         batch=settings.embedding_batch) if wanted("recall") else None
 
+    recalls: dict[str, Handler] = ({} if recall is None else
+                                   {subjects.recall_internal(): recall.recall})
+
     def asks(kind: str) -> Requester:
         """The requests of an actor that asks recall: answered in process when recall runs
         here, else over the bus."""
-        return bus(kind, local=None if recall is None else {
-            subjects.recall_internal(): recall.recall})
+        return bus(kind, local=recalls)
 
-    def storage(partition: str) -> Actor:
+    def storage(partition: str) -> StorageActor:
         return StorageActor(partition=partition,
                             path=data / "partitions" / partition / "memories.duckdb",
                             publisher=publisher("storage"), bus=bus("storage"),
                             partitions=settings.partitions,
                             limits=Limits(settings.limit_remembers_per_hour,
                                           settings.limit_versions_per_member))
+
+    storages = {p: storage(p) for p in settings.partition_names() if wanted(f"storage.{p}")}
+
+    def governance() -> Actor:
+        remembers = {subjects.store(p, "remember"): actor.remember
+                     for p, actor in storages.items()}
+        return GovernanceActor.on_bus(bus("governance", local=recalls | remembers),
+                                      partitions=settings.partitions, serves=governs)
 
     def indexer(partition: str) -> Actor:
         root = settings.text_index(partition)
@@ -107,8 +120,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             path=data / "directory.duckdb", admin_token=lambda: admin_token(settings),
             bus=bus("directory"), partitions=settings.partitions,
             nats_authority=nats_authority),
-        "governance": lambda: GovernanceActor.on_bus(asks("governance"),
-                                                     partitions=settings.partitions),
+        "governance": governance,
         "space-memories": lambda: SpaceMemoriesActor.on_bus(
             asks("space-memories"), partitions=settings.partitions,
             chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
@@ -139,7 +151,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     }
     for partition in settings.partition_names():
         makers |= {
-            f"storage.{partition}": partial(storage, partition),
+            f"storage.{partition}": partial(storages.__getitem__, partition),
             f"indexer.{partition}": partial(indexer, partition),
             f"embedder.{partition}": partial(embedder, partition),
         }
@@ -255,8 +267,10 @@ async def stop_together(actors: list[Actor]) -> None:
 async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
                        server: EmbeddedNats | None = None,
-                       logins: list[Login] | None = None) -> NatsAuthorityActor | None:
-    """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them.
+                       logins: list[Login] | None = None,
+                       governs: Collection[str] = PUBLIC_COMMANDS) -> NatsAuthorityActor | None:
+    """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them;
+    governance takes the public commands `governs` from the bus.
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
@@ -265,7 +279,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         return name not in skip and (only is None or name in only)
 
     kinds = KindConnections(bus, timeout=settings.request_timeout_s)
-    actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted)
+    actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
+                          governs=governs)
     authority = None
     if server is not None:
         authority = NatsAuthorityActor(server=server, bus=kinds.client("nats-authority"),

@@ -1,4 +1,4 @@
-"""The environment `memgate up` gives its children (`app/layout.child_environment`)."""
+"""What `memgate up` runs in its children, and the environment it gives them (`app/layout`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from memgate.app.layout import child_environment
+from memgate.app.layout import FRONT, child_environment, groups
 from memgate.app.settings import Settings
+from memgate.bus import subjects
 
 pytestmark = pytest.mark.unit
 
@@ -34,3 +35,11 @@ def test_children_ask_for_huge_pages_and_keep_the_users_tunables(tmp_path: Path)
             == f"{mine}:glibc.malloc.hugetlb=1")
     off = "glibc.malloc.hugetlb=0"
     assert child_environment({"GLIBC_TUNABLES": off}, settings)["GLIBC_TUNABLES"] == off
+
+
+def test_each_public_command_is_taken_from_the_bus_by_one_group_only(tmp_path: Path) -> None:
+    layout = {g.name: g for g in groups(Settings(data_dir=tmp_path))}
+    assert layout["store"].governs == {subjects.REMEMBER}  # beside storage
+    assert layout[FRONT].governs == {subjects.RECALL, subjects.LIST, subjects.FORGET}
+    assert all("governance" in layout[name].actors for name in ("store", FRONT))
+    assert "governance" not in layout["index"].actors
