@@ -236,11 +236,11 @@ async def test_workers_run_several_front_processes_and_ctrl_c_stops_them_all(
         assert [pid for pid in everyone if alive(pid)] == []
 
 
-async def test_an_agents_remember_is_governed_beside_storage_without_the_front(
+async def test_an_agents_writes_and_lists_are_governed_beside_storage_without_the_front(
     tmp_path: Path,
 ) -> None:
-    """`app.layout`: remembers over the bus are governed in the `store` process, which hands them
-    to storage in process; the other commands go to the `front`."""
+    """`app.layout`: remembers, lists and forgets over the bus are governed in the `store`
+    process, which hands them to storage in process; recalls go to the `front`."""
     async with memgate_up(tmp_path / "data") as up:
         agent = await new_agent(up, up.http)
         fronts = [pid for pid, cmdline in children(up.process.pid).items()
@@ -249,13 +249,20 @@ async def test_an_agents_remember_is_governed_beside_storage_without_the_front(
         for pid in fronts:
             os.kill(pid, signal.SIGSTOP)
         try:
-            stored = await agent.remember("n", "the deploy is on friday")
+            kept = await agent.remember("n", "the deploy is on friday")
+            dropped = await agent.remember("n", "lunch is at noon")
+            assert (await agent.forget(memory_id=dropped.memory_id)).deleted == 1
+            listed = (await agent.list(namespace="n")).memories
+            assert [m.memory_id for m in listed] == [kept.memory_id]
             with pytest.raises(TimeoutError):  # recall is the front's
                 await asyncio.wait_for(agent.recall("deploy"), 1.0)
         finally:
             for pid in fronts:
                 os.kill(pid, signal.SIGCONT)
-        listed = (await agent.list(namespace="n")).memories
-        assert [m.memory_id for m in listed] == [stored.memory_id]
+
+        async def recalled() -> bool:  # the front serves again
+            return kept.memory_id in [m.memory_id for m in (await agent.recall("deploy")).memories]
+
+        await eventually(recalled, timeout=30)
         await agent.close()
         await up.interrupted()

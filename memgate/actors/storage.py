@@ -24,9 +24,10 @@ from memgate.runtime.compaction import Compactions
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.ports.bus import Consumers, Publisher
+from memgate.bus.replies import Handler
 from memgate.bus.streams import OutboxRelay, Pending
 from memgate.contracts import (
-    Contract, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
+    ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
 )
 from memgate.contracts.errors import (
     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
@@ -121,22 +122,30 @@ class StorageActor:
             await self._serial(self._store.close)
         self._serial.shutdown()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        handlers: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
+    def handlers(self) -> dict[str, Handler]:
+        """The request/reply handlers, by subject, as the bus serves them (a deletion answers
+        once the file is rewritten): what the router subscribes, and what governance of this
+        process asks in process."""
+        handlers: dict[str, Handler] = {
             "remember": self.remember, "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
             "purge": self.purge, "subject": self.subject, "reap": self.reap,
         }
-        for operation, handler in handlers.items():
+        return {subjects.store(self.partition, operation):
+                self._compacting(handler) if operation in DELETIONS else handler
+                for operation, handler in handlers.items()}
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        for subject, handler in self.handlers().items():
+            operation = subject.rsplit(".", 1)[1]
             workers = 1
             if operation == "remember":
                 workers = REMEMBERS_AT_ONCE
             elif operation in DELETIONS:
-                workers, handler = DELETIONS_AT_ONCE, self._compacting(handler)
-            router.subscriber(subjects.store(self.partition, operation),
-                              max_workers=workers)(replying(handler))
+                workers = DELETIONS_AT_ONCE
+            router.subscriber(subject, max_workers=workers)(replying(handler))
         dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router

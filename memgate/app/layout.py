@@ -5,10 +5,10 @@ single writer of DuckDB (directory, registry, storage.pN) except the vectors, wh
 embedder of the `index` group owns beside its partition's Tantivy index. The stateless `front`
 group (REST + governance + recall, which governance asks in process: `BusClient(local=…)`) runs
 `workers` processes, sharing their queue groups and one listening socket. Governance runs in
-the `store` group too, where it takes the agents' remembers from the bus and hands them to
-storage in process; the `front`'s takes the other commands from the bus, and all four from its
-REST and MCP adapters. The nats-authority stays in the supervisor, which owns the embedded
-server it reconfigures.
+the `store` group too, where it takes the agents' remembers, lists and forgets from the bus and
+hands them to storage in process; the `front`'s takes recall from the bus, and all four
+commands from its REST and MCP adapters. The nats-authority stays in the supervisor, which owns
+the embedded server it reconfigures.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from memgate.bus import subjects
 from memgate.bus.logins import PUBLIC_COMMANDS
 
 FRONT = "front"
-# An agent's remember is governed beside storage, which governance then asks in process: two
-# trips through nats-server fewer than from the `front` (one agent over the bus, 3 pairs:
-# remember p50 4.7 / 3.9 / 4.9 -> 3.6 / 3.5 / 4.1 ms; 32 agents: 757 / 616 -> 1,141 / 973/s).
-BESIDE_STORAGE = frozenset({subjects.REMEMBER})
+# An agent's remember, list and forget are governed beside storage, which governance then asks
+# in process: two trips through nats-server fewer than from the `front` (one agent over the bus,
+# 3 pairs: remember p50 4.7 / 3.9 / 4.9 -> 3.6 / 3.5 / 4.1 ms; 32 agents: 757 / 616 -> 1,141 /
+# 973/s). Recall is governed beside recall, in the `front`.
+BESIDE_STORAGE = frozenset({subjects.REMEMBER, subjects.LIST, subjects.FORGET})
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 

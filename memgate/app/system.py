@@ -66,8 +66,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     connection (`kinds`); nothing is made for the others (no model file, no RAM directory).
     `nats_authority`: this process runs the embedded server and its nats-authority. When recall
     is wanted, governance and space-memories ask it in process (`BusClient(local=…)`), and
-    governance hands remembers to a storage of this process the same way. `governs`: the
-    public commands governance takes from the bus (`app.layout`)."""
+    governance hands remembers, lists and forgets to a storage of this process the same way.
+    `governs`: the public commands governance takes from the bus (`app.layout`)."""
     data = settings.data_dir
     bus, publisher = kinds.client, kinds.publisher
     model = cache(settings.compute_model)  # onnxruntime: the processes that run the model only
@@ -99,9 +99,10 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     storages = {p: storage(p) for p in settings.partition_names() if wanted(f"storage.{p}")}
 
     def governance() -> Actor:
-        remembers = {subjects.store(p, "remember"): actor.remember
-                     for p, actor in storages.items()}
-        return GovernanceActor.on_bus(bus("governance", local=recalls | remembers),
+        writes = {subject: handler for actor in storages.values()
+                  for subject, handler in actor.handlers().items()
+                  if subject.rsplit(".", 1)[1] in ("remember", "list", "forget")}
+        return GovernanceActor.on_bus(bus("governance", local=recalls | writes),
                                       partitions=settings.partitions, serves=governs)
 
     def indexer(partition: str) -> Actor:
