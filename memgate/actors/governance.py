@@ -54,7 +54,7 @@ class GovernanceActor:
                serves: Collection[str] = PUBLIC_COMMANDS) -> GovernanceActor:
         """Governance whose collaborators are the other actors, reached over `bus`; the
         principals it resolves are kept until the directory announces a change. It takes the
-        public commands `serves` from the bus (and all of them from its process's adapters)."""
+        public commands `serves`."""
         return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
                    storage=BusStorage(bus, partitions=partitions), recall=bus, serves=serves)
 
@@ -65,16 +65,16 @@ class GovernanceActor:
         return None
 
     def commands(self) -> dict[str, Callable[[bytes], Awaitable[Contract]]]:
-        """The public commands it answers, by subject."""
-        return {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
-                subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
+        """The public commands it takes, by subject: from the bus, and from the REST and MCP
+        adapters of its process (which send the others over the bus)."""
+        handlers = {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
+                    subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
+        return {subject: handlers[subject] for subject in self._serves}
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
         for subject, handler in self.commands().items():
-            if subject in self._serves:
-                router.subscriber(subject, queue=QUEUE,
-                                  max_workers=CONCURRENCY)(replying(handler))
+            router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
         # every governance process hears it (no queue group)
         router.subscriber(subjects.PRINCIPALS_CHANGED)(self.directory_changed)
         ready_route(router, subjects.ready(self.name), self.name)

@@ -6,9 +6,9 @@ embedder of the `index` group owns beside its partition's Tantivy index. The sta
 group (REST + governance + recall, which governance asks in process: `BusClient(local=…)`) runs
 `workers` processes, sharing their queue groups and one listening socket. Governance runs in
 the `store` group too, where it takes the agents' remembers, lists and forgets from the bus and
-hands them to storage in process; the `front`'s takes recall from the bus, and all four
-commands from its REST and MCP adapters. The nats-authority stays in the supervisor, which owns
-the embedded server it reconfigures.
+hands them to storage in process; the `front`'s takes recall, from the bus and from its REST
+and MCP adapters, which send the other commands over the bus. The nats-authority stays in the
+supervisor, which owns the embedded server it reconfigures.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Group:
     actors: frozenset[str]
     stateless: bool = False  # any number may run: `Settings.workers` of them
     rest: bool = False  # serves the REST adapter on the listening socket the supervisor holds
-    # the public commands its governance takes from the bus (its REST adapter's, all of them)
+    # the public commands its governance takes (from the bus and from its REST and MCP adapters,
+    # which send the others over the bus)
     governs: frozenset[str] = frozenset()
 
     def replicas(self, settings: Settings) -> int:
