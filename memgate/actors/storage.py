@@ -126,26 +126,29 @@ class StorageActor:
         """The request/reply handlers, by subject, as the bus serves them (a deletion answers
         once the file is rewritten): what the router subscribes, and what governance of this
         process asks in process."""
+        return {subjects.store(self.partition, operation): handler
+                for operation, handler in self._operations().items()}
+
+    def _operations(self) -> dict[str, Handler]:
         handlers: dict[str, Handler] = {
             "remember": self.remember, "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
             "purge": self.purge, "subject": self.subject, "reap": self.reap,
         }
-        return {subjects.store(self.partition, operation):
-                self._compacting(handler) if operation in DELETIONS else handler
+        return {operation: self._compacting(handler) if operation in DELETIONS else handler
                 for operation, handler in handlers.items()}
 
     def router(self) -> NatsRouter:
         router = NatsRouter()
-        for subject, handler in self.handlers().items():
-            operation = subject.rsplit(".", 1)[1]
+        for operation, handler in self._operations().items():
             workers = 1
             if operation == "remember":
                 workers = REMEMBERS_AT_ONCE
             elif operation in DELETIONS:
                 workers = DELETIONS_AT_ONCE
-            router.subscriber(subject, max_workers=workers)(replying(handler))
+            router.subscriber(subjects.store(self.partition, operation),
+                              max_workers=workers)(replying(handler))
         dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
         ready_route(router, subjects.ready(self.name), self.name)
         return router

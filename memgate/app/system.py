@@ -99,10 +99,9 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     storages = {p: storage(p) for p in settings.partition_names() if wanted(f"storage.{p}")}
 
     def governance() -> Actor:
-        writes = {subject: handler for actor in storages.values()
-                  for subject, handler in actor.handlers().items()
-                  if subject.rsplit(".", 1)[1] in ("remember", "list", "forget")}
-        return GovernanceActor.on_bus(bus("governance", local=recalls | writes),
+        stored = {subject: handler for actor in storages.values()
+                  for subject, handler in actor.handlers().items()}
+        return GovernanceActor.on_bus(bus("governance", local=recalls | stored),
                                       partitions=settings.partitions, serves=governs)
 
     def indexer(partition: str) -> Actor:
