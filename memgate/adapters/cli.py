@@ -16,10 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
 from memgate.app.system import internal_logins
-from memgate.app.serve import run_actors, serve
-from memgate.app.supervisor import ChildFailedError
 from memgate.adapters import cli_backup, cli_erasure
-from memgate.adapters.mcp_server import serve_stdio
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
 ADMIN_CALL_TIMEOUT_S = 30.0
@@ -79,6 +76,9 @@ def up(
         overrides["http_host"], overrides["http_port"] = _host_port(http)
     if nats_url is not None:
         overrides["nats_url"] = nats_url
+    from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
+    from memgate.app.supervisor import ChildFailedError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(Settings(**overrides)))
@@ -112,6 +112,8 @@ def mcp_stdio(
         options["nkeys_seed_str"] = nats_seed
     if inbox_prefix is not None:
         options["inbox_prefix"] = inbox_prefix
+    from memgate.adapters.mcp_server import serve_stdio  # the MCP SDK: for this command only
+
     try:
         asyncio.run(serve_stdio(nats_url, token, nats_options=options))
     except KeyboardInterrupt:
@@ -137,6 +139,8 @@ def actors(
     settings = Settings(**overrides)
     if settings.nats_url is None:
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
+    from memgate.app.serve import run_actors
+
     asyncio.run(run_actors(settings, frozenset(only.split(","))))
 
 
