@@ -7,14 +7,18 @@ channel weighted 0 fuses nothing: its ranks are reported for the memories the ot
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
+
+NO_RANKS: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class Fused:
+class Fused(NamedTuple):
+    """A fused memory (a tuple: every recall makes one per id its channels return)."""
+
     memory_id: str
     score: float
-    ranks: dict[str, int] = field(default_factory=dict)
+    ranks: Mapping[str, int] = NO_RANKS
 
 
 def rrf(rankings: dict[str, list[str]], k: int,
@@ -25,8 +29,12 @@ def rrf(rankings: dict[str, list[str]], k: int,
     for channel, ids in rankings.items():
         weight = 1.0 if weights is None else weights.get(channel, 1.0)
         for rank, memory_id in enumerate(ids, start=1):
-            ranks.setdefault(memory_id, {})[channel] = rank
+            held = ranks.get(memory_id)
+            if held is None:
+                ranks[memory_id] = {channel: rank}
+            else:
+                held[channel] = rank
             if weight:
                 scores[memory_id] = scores.get(memory_id, 0.0) + weight / (k + rank)
-    order = sorted(scores, key=lambda memory_id: -scores[memory_id])
+    order = sorted(scores, key=scores.__getitem__, reverse=True)  # stable, reversed or not
     return [Fused(memory_id, scores[memory_id], ranks[memory_id]) for memory_id in order]

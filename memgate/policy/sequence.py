@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from memgate.policy.fusion import Fused
 
@@ -68,8 +69,8 @@ def widen(fused: list[Fused], neighbours: Neighbours, window: Window) -> list[Fu
         best[memory_id] = max(best.get(memory_id, 0.0), score)
     known = {f.memory_id for f in fused}
     drawn = [Fused(memory_id, 0.0) for memory_id in bonus if memory_id not in known]
-    widened = [Fused(f.memory_id, max(f.score, min(f.score + bonus[f.memory_id],
-                                                   best[f.memory_id] * BELOW)), f.ranks)
-               if f.memory_id in bonus else f
+    widened = [f if f.memory_id not in bonus
+               else f._replace(score=max(f.score, min(f.score + bonus[f.memory_id],
+                                                      best[f.memory_id] * BELOW)))
                for f in [*fused, *drawn]]
-    return sorted(widened, key=lambda f: -f.score)  # stable: ties keep the fused order
+    return sorted(widened, key=itemgetter(1), reverse=True)  # stable: ties keep the fused order

@@ -299,7 +299,9 @@ class Catalog:
         k = min(depth, count)
         top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
         top = top[np.argsort(-scores[top], kind="stable")]
-        return [(self._ids[row], float(scores[row])) for row in top if eligible[row]]
+        top = top[eligible[top]]
+        ids = self._ids
+        return list(zip([ids[row] for row in top.tolist()], scores[top].tolist(), strict=True))
 
     # --- conversation turns (the embedder's catalog) ---
 
