@@ -18,7 +18,7 @@ import httpx
 import nats
 
 from memgate.app.settings import Settings
-from memgate.app.system import internal_logins
+from memgate.app.logins import internal_logins
 from memgate.bus import MemgateClient
 from memgate.bus.logins import inbox_prefix
 

@@ -96,3 +96,18 @@ def test_an_agents_type_checker_sees_the_client_typed(installed: Path, tmp_path:
          "--python-executable", str(installed), str(agent)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_admin_command_line_loads_neither_nats_nor_the_actors() -> None:
+    """An admin command is an HTTP client: importing the command line, the settings and the
+    agent's contracts leaves NATS, faststream, the actors, FastAPI and the MCP SDK unloaded, and
+    the client is still there when asked for."""
+    probe = ("import sys, memgate.adapters.cli\n"
+             "heavy = ['nats', 'faststream', 'memgate.actors', 'memgate.app.system', 'fastapi',"
+             " 'mcp', 'duckdb', 'onnxruntime']\n"
+             "print([name for name in heavy if name in sys.modules])\n"
+             "from memgate import MemgateClient\n"
+             "print(MemgateClient.__module__, 'nats' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.splitlines()
+    assert out == ["[]", "memgate.bus.client True"]

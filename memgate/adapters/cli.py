@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
-from memgate.app.system import internal_logins
+from memgate.app.logins import internal_logins
 from memgate.adapters import cli_backup, cli_erasure
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.

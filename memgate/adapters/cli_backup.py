@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memgate.app import backup as work
+from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
-from memgate.app.system import internal_logins
-from memgate.bus import BusClient
 from memgate.bus.logins import ADAPTER, inbox_prefix
 from memgate.contracts.errors import MemgateError
-from memgate.storage import audit as audit_log
+
+if TYPE_CHECKING:
+    from memgate.app import backup as work
 
 DataDir = Annotated[Path, typer.Option(help="the data directory (of memgate up)")]
 Nats = Annotated[str | None, typer.Option(
@@ -38,6 +38,9 @@ def _operator(data_dir: Path, token: str | None) -> str:
 
 async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
                 nats_url: str | None, token: str | None) -> work.Written:
+    from memgate.app import backup as work  # DuckDB and NATS: for these commands only
+    from memgate.bus import BusClient
+
     if not work.is_running(data_dir):
         try:
             return await work.write_backup(
@@ -99,6 +102,8 @@ def command(app: typer.Typer, operator: Any) -> None:
                     help="the live data directory whose keys open the backup")]) -> None:
         """Rebuild a new data directory from a backup: rows of erased subjects (key gone) are
         dropped; then `memgate up --data-dir` it."""
+        from memgate.app import backup as work
+
         try:
             result = work.restore(from_, data_dir, keys_from)
         except (FileExistsError, ValueError) as refused:
@@ -122,6 +127,8 @@ def command(app: typer.Typer, operator: Any) -> None:
             help="the live data directory whose keys open the export")]) -> None:
         """Print an export's rows with their text (JSON lines); erased subjects' rows are
         unreadable and left out."""
+        from memgate.app import backup as work
+
         rows, gone = work.read_export(file, keys_from)
         for row in rows:
             typer.echo(json.dumps(row, ensure_ascii=False))
@@ -130,6 +137,8 @@ def command(app: typer.Typer, operator: Any) -> None:
     @audit.command("verify")
     def verify(data_dir: DataDir) -> None:
         """Check the audit log's hash chain: exit 0 if intact, 1 naming the first bad entry."""
+        from memgate.storage import audit as audit_log
+
         result = audit_log.verify(data_dir / "audit")
         if result.broken is None:
             typer.echo(json.dumps({"ok": True, "entries": result.entries, "head": result.head}))

@@ -30,7 +30,8 @@ import uvicorn
 from memgate.adapters.rest import create_app
 from memgate.app.layout import group_named
 from memgate.app.settings import Settings
-from memgate.app.system import Bus, actor_names, external_bus, internal_bus, internal_logins
+from memgate.app.logins import internal_logins
+from memgate.app.system import Bus, actor_names, external_bus, internal_bus
 from memgate.app.system import start_actors
 
 log = logging.getLogger("memgate")

@@ -21,9 +21,8 @@ from memgate.app.layout import child_environment
 from memgate.app.process import http_server
 from memgate.app.settings import Settings
 from memgate.app.supervisor import Supervisor
-from memgate.app.system import (
-    external_bus, internal_logins, start_actors, start_server, start_system,
-)
+from memgate.app.logins import internal_logins
+from memgate.app.system import external_bus, start_actors, start_server, start_system
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
 

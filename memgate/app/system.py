@@ -4,9 +4,6 @@ on a NATS login of its own (`bus.logins`)."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import logging
 import secrets
 from collections.abc import Callable, Collection, Mapping
@@ -31,6 +28,7 @@ from memgate.actors.space_memories import SpaceMemoriesActor
 from memgate.actors.spaces import SpacesActor
 from memgate.actors.storage import StorageActor
 from memgate.app import ram
+from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
@@ -185,31 +183,6 @@ class Bus:
 
     def login(self, kind: str) -> dict[str, Any]:
         return dict(self.logins[kind])
-
-
-def _internal_secret(settings: Settings) -> str:
-    if settings.nats_password is not None:
-        return settings.nats_password.get_secret_value()
-    path = settings.data_dir / "nats" / "internal.secret"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
-
-
-def internal_logins(settings: Settings) -> dict[str, Login]:
-    """The embedded server's internal users: `<nats_user>-<kind>`, each password derived from
-    the one kept secret, each with only its kind's permissions (`bus.logins.ROLES`)."""
-    secret = _internal_secret(settings).encode()
-
-    def password(kind: str) -> str:
-        digest = hmac.new(secret, kind.encode(), hashlib.sha256).digest()
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
-
-    return {kind: Login(f"{settings.nats_user}-{kind}", password(kind),
-                        role.permissions(inbox_prefix(kind)))
-            for kind, role in ROLES.items()}
 
 
 def external_bus(settings: Settings, url: str) -> Bus:
