@@ -244,6 +244,60 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_at_max_deliver_and_
             await nc.close()
 
 
+async def test_a_stopped_consumer_finishes_the_batch_in_hand_and_gives_up_its_waiting_pull(
+        tmp_path: Path) -> None:
+    """`stop` during a batch lets the batch be applied and acked; `stop` while the next pull
+    waits gives that pull up, and the next run of the consumer gets the next event at once,
+    delivered once (the server dropped the abandoned pull, it did not take the event)."""
+    async with EmbeddedNats(tmp_path / "nats") as server:
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            entered, release = asyncio.Event(), asyncio.Event()
+            applied: list[bytes] = []
+
+            async def slow(payloads: list[bytes]) -> None:
+                entered.set()
+                await release.wait()
+                applied.extend(payloads)
+
+            consumer = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
+            await consumer.start()
+            await js.publish("mem.evt.stop.x", b"first")
+            await asyncio.wait_for(entered.wait(), 10)
+            stopping = asyncio.create_task(consumer.stop())
+            await asyncio.sleep(0.1)
+            assert not stopping.done()  # the batch in hand is not abandoned
+            release.set()
+            await stopping
+            assert applied == [b"first"]
+            info = await js.consumer_info(EVENTS.name, "stop-consumer")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+
+            restarted = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
+            await restarted.start()
+            await asyncio.sleep(0.1)  # its pull is waiting
+            await restarted.stop()
+            await js.publish("mem.evt.stop.x", b"second")
+
+            async def record(payloads: list[bytes]) -> None:
+                applied.extend(payloads)
+
+            third = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", record)
+            await third.start()
+            try:
+                async def second_applied() -> bool:
+                    return applied == [b"first", b"second"]
+
+                await eventually(second_applied, timeout=3.0)  # well before ack_wait (5 s)
+                info = await js.consumer_info(EVENTS.name, "stop-consumer")
+                assert info.num_redelivered == 0 and info.num_ack_pending == 0
+            finally:
+                await third.stop()
+        finally:
+            await nc.close()
+
+
 # --- the registry's outbox ---
 
 

@@ -265,8 +265,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     brokers: dict[str, NatsBroker] = {}
     started: list[Actor] = []
     # Stopped together, after their brokers (nothing reaches them any more) and before their
-    # connections close: each lets its consumers' last pull finish, and one after another
-    # would add those waits up.
+    # connections close: each lets its consumers finish the batch in hand, and one after
+    # another would add those waits up.
     stack.push_async_callback(stop_together, started)
     for actor in actors:
         kind = kind_of(actor.name)
