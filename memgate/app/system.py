@@ -268,10 +268,19 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     # connections close: each lets its consumers finish the batch in hand, and one after
     # another would add those waits up.
     stack.push_async_callback(stop_together, started)
-    for actor in actors:
-        kind = kind_of(actor.name)
+
+    async def start(actor: Actor) -> None:
         await actor.start()
         started.append(actor)
+
+    # Together: each opens its files or loads its model on threads of its own, and none
+    # serves or asks another before the brokers start below.
+    outcomes = await asyncio.gather(*(start(actor) for actor in actors), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    for actor in actors:
+        kind = kind_of(actor.name)
         if isinstance(actor, GovernanceActor):
             bus.here.update(actor.commands())
         if kind not in brokers:
