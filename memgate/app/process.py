@@ -27,12 +27,10 @@ from contextlib import AsyncExitStack
 
 import uvicorn
 
-from memgate.adapters.rest import create_app
 from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
-from memgate.app.system import Bus, actor_names, external_bus, internal_bus
-from memgate.app.system import start_actors
+from memgate.app.system import Bus, actor_names, external_bus, internal_bus, start_actors
 
 log = logging.getLogger("memgate")
 HTTP_START_TIMEOUT_S = 30.0
@@ -53,6 +51,9 @@ class HttpServer(uvicorn.Server):
 
 def http_server(settings: Settings, bus: Bus) -> HttpServer:
     """The REST adapter of `settings`, its requests on the bus `bus`."""
+    # FastAPI and the MCP SDK (~1.5 s of imports): only the front's processes serve HTTP
+    from memgate.adapters.rest import create_app
+
     api = create_app(bus.url, ready_subjects=actor_names(settings),
                      timeout=settings.request_timeout_s, nats_options=bus.options,
                      max_body_bytes=settings.max_body_bytes, local=bus.here)
