@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib import import_module
+from sys import modules
 from typing import Any
 
 
@@ -18,6 +19,8 @@ def exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
         module = where.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(import_module(module), name)
+        value = getattr(import_module(module), name)
+        setattr(modules[package], name, value)  # found directly from now on
+        return value
 
     return attribute
