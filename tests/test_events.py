@@ -16,7 +16,9 @@ from nats.aio.client import Client as NatsClient
 
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.server import render_config
-from memgate.bus.streams import DEAD_LETTERS, EVENTS, DurableConsumer, EventPublisher, OutboxRelay
+from memgate.bus.streams import (
+    DEAD_LETTERS, EVENTS, FETCH_WAIT_S, DurableConsumer, EventPublisher, OutboxRelay,
+)
 from memgate.contracts.events import (
     EVENT_VERSION, MEMORY_EVENT, DeadLetter, DocumentDeleted, MemoryStored, UnreadableEventError,
     read_event,
@@ -85,6 +87,17 @@ async def shared_nats(directory: Path) -> AsyncIterator[tuple[EmbeddedNats, str]
     password = secrets.token_urlsafe(16)
     async with EmbeddedNats(directory, config=render_config("memgate", password, [])) as server:
         yield server, password
+
+
+@asynccontextmanager
+async def connected(directory: Path) -> AsyncIterator[NatsClient]:
+    """An open nats-server and a client of it, both closed afterwards."""
+    async with EmbeddedNats(directory) as server:
+        nc = await nats.connect(server.url)
+        try:
+            yield nc
+        finally:
+            await nc.close()
 
 
 async def test_forgetting_the_newest_memories_then_restarting_loses_no_event(
@@ -207,95 +220,87 @@ async def test_a_malformed_and_a_newer_version_event_are_dead_lettered_while_ind
 
 async def test_a_message_that_keeps_failing_is_dead_lettered_at_max_deliver_and_holds_up_nothing(
         tmp_path: Path) -> None:
-    async with EmbeddedNats(tmp_path / "nats") as server:
-        nc = await nats.connect(server.url)
+    async with connected(tmp_path / "nats") as nc:
+        applied: list[bytes] = []
+        attempts: list[bytes] = []
+
+        async def handler(payloads: list[bytes]) -> None:
+            attempts.extend(payloads)
+            if b"broken" in payloads:
+                raise RuntimeError("cannot apply this one")
+            applied.extend(payloads)
+
+        consumer = DurableConsumer(nc, "mem.evt.test.>", "test-consumer", handler,
+                                   max_deliver=3, retry_delays=(0.05,))
+        await consumer.start()
         try:
-            applied: list[bytes] = []
-            attempts: list[bytes] = []
+            js = nc.jetstream()
+            for payload in (b"first", b"broken", b"second"):
+                await js.publish("mem.evt.test.x", payload)
 
-            async def handler(payloads: list[bytes]) -> None:
-                attempts.extend(payloads)
-                if b"broken" in payloads:
-                    raise RuntimeError("cannot apply this one")
-                applied.extend(payloads)
+            async def good_ones_applied() -> bool:
+                return applied == [b"first", b"second"]
 
-            consumer = DurableConsumer(nc, "mem.evt.test.>", "test-consumer", handler,
-                                       max_deliver=3, retry_delays=(0.05,))
-            await consumer.start()
-            try:
-                js = nc.jetstream()
-                for payload in (b"first", b"broken", b"second"):
-                    await js.publish("mem.evt.test.x", payload)
-
-                async def good_ones_applied() -> bool:
-                    return applied == [b"first", b"second"]
-
-                await eventually(good_ones_applied)
-                [(record, raw)] = await dead_letters(nc, 1)
-                assert (record.durable, record.stream_seq, record.deliveries, record.error) == (
-                    "test-consumer", 2, 3, "RuntimeError")
-                assert b"broken" not in raw
-                assert attempts.count(b"broken") >= 3  # each delivery (also in its batch)
-                info = await js.consumer_info(EVENTS.name, "test-consumer")
-                assert info.num_ack_pending == 0 and info.num_pending == 0
-            finally:
-                await consumer.stop()
+            await eventually(good_ones_applied)
+            [(record, raw)] = await dead_letters(nc, 1)
+            assert (record.durable, record.stream_seq, record.deliveries, record.error) == (
+                "test-consumer", 2, 3, "RuntimeError")
+            assert b"broken" not in raw
+            assert attempts.count(b"broken") >= 3  # each delivery (also in its batch)
+            info = await js.consumer_info(EVENTS.name, "test-consumer")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
         finally:
-            await nc.close()
+            await consumer.stop()
 
 
 async def test_a_stopped_consumer_finishes_the_batch_in_hand_and_gives_up_its_waiting_pull(
         tmp_path: Path) -> None:
     """`stop` during a batch lets the batch be applied and acked; `stop` while the next pull
-    waits gives that pull up, and the next run of the consumer gets the next event at once,
-    delivered once (the server dropped the abandoned pull, it did not take the event)."""
-    async with EmbeddedNats(tmp_path / "nats") as server:
-        nc = await nats.connect(server.url)
+    waits gives that pull up rather than waiting for it to expire, and the next run of the
+    consumer gets the next event at once, delivered once (the server dropped the abandoned
+    pull, it did not take the event)."""
+    async with connected(tmp_path / "nats") as nc:
+        js = nc.jetstream()
+        entered, release = asyncio.Event(), asyncio.Event()
+        applied: list[bytes] = []
+
+        async def slow(payloads: list[bytes]) -> None:
+            entered.set()
+            await release.wait()
+            applied.extend(payloads)
+
+        consumer = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
+        await consumer.start()
+        await js.publish("mem.evt.stop.x", b"first")
+        await asyncio.wait_for(entered.wait(), 10)
+        stopping = asyncio.create_task(consumer.stop())
+        await asyncio.sleep(0.1)
+        assert not stopping.done()  # the batch in hand is not abandoned
+        release.set()
+        await stopping
+        assert applied == [b"first"]
+        info = await js.consumer_info(EVENTS.name, "stop-consumer")
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+
+        restarted = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
+        await restarted.start()
+        await asyncio.sleep(0.05)  # its pull waits, FETCH_WAIT_S (0.5 s) from expiring
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        await restarted.stop()
+        assert loop.time() - asked < FETCH_WAIT_S / 2  # it did not wait for the pull
+        await js.publish("mem.evt.stop.x", b"second")
+        third = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
+        await third.start()
         try:
-            js = nc.jetstream()
-            entered, release = asyncio.Event(), asyncio.Event()
-            applied: list[bytes] = []
+            async def second_applied() -> bool:
+                return applied == [b"first", b"second"]
 
-            async def slow(payloads: list[bytes]) -> None:
-                entered.set()
-                await release.wait()
-                applied.extend(payloads)
-
-            consumer = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
-            await consumer.start()
-            await js.publish("mem.evt.stop.x", b"first")
-            await asyncio.wait_for(entered.wait(), 10)
-            stopping = asyncio.create_task(consumer.stop())
-            await asyncio.sleep(0.1)
-            assert not stopping.done()  # the batch in hand is not abandoned
-            release.set()
-            await stopping
-            assert applied == [b"first"]
+            await eventually(second_applied, timeout=3.0)  # well before ack_wait (5 s)
             info = await js.consumer_info(EVENTS.name, "stop-consumer")
-            assert info.num_ack_pending == 0 and info.num_pending == 0
-
-            restarted = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", slow)
-            await restarted.start()
-            await asyncio.sleep(0.1)  # its pull is waiting
-            await restarted.stop()
-            await js.publish("mem.evt.stop.x", b"second")
-
-            async def record(payloads: list[bytes]) -> None:
-                applied.extend(payloads)
-
-            third = DurableConsumer(nc, "mem.evt.stop.>", "stop-consumer", record)
-            await third.start()
-            try:
-                async def second_applied() -> bool:
-                    return applied == [b"first", b"second"]
-
-                await eventually(second_applied, timeout=3.0)  # well before ack_wait (5 s)
-                info = await js.consumer_info(EVENTS.name, "stop-consumer")
-                assert info.num_redelivered == 0 and info.num_ack_pending == 0
-            finally:
-                await third.stop()
+            assert info.num_redelivered == 0 and info.num_ack_pending == 0
         finally:
-            await nc.close()
+            await third.stop()
 
 
 # --- the registry's outbox ---
