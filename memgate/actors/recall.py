@@ -63,9 +63,11 @@ HEAD_MARGIN = 5  # rows read beyond the limit, for hidden, deleted or superseded
 
 
 async def within(work: Awaitable[Ranking], seconds: float) -> Ranking | None:
-    """A channel's ranking, or None when it missed its deadline or is unavailable."""
+    """A channel's ranking, or None when it missed its deadline or is unavailable (awaited in
+    the caller's task: no task of its own to wake)."""
     try:
-        return await asyncio.wait_for(work, max(seconds, 0.0))
+        async with asyncio.timeout(max(seconds, 0.0)):
+            return await work
     except (TimeoutError, MemgateError):
         return None
 
@@ -148,6 +150,7 @@ class RecallActor:
                                 collection_ids=query.collection_ids,
                                 namespaces=query.namespaces, as_of=query.as_of,
                                 window=self._window)
+        words_ranked: asyncio.Future[Ranking | None] | None = None
         try:
             scope = await self._storage.recall_scope(filters)
             verdict = await self._registry.verify(query.owner.tenant, query.context_set_id,
@@ -163,12 +166,16 @@ class RecallActor:
             words = rank.model_copy(update={
                 "depth": self._depth_bm25, "context": self._depth if self._conversation else 0,
                 "neighbours": self._sequence.width if self._sequence.on else 0})
-            bm25, cosine = await asyncio.gather(
-                within(self._rankers.bm25(words), self._bm25_deadline),
-                within(self._cosine(rank, vector),
-                       self._cosine_deadline - (loop.time() - started)))
+            # BM25 on a task of its own; cosine, the last back as a rule, in this one
+            words_ranked = asyncio.ensure_future(
+                within(self._rankers.bm25(words), self._bm25_deadline))
+            cosine = await within(self._cosine(rank, vector),
+                                  self._cosine_deadline - (loop.time() - started))
+            bm25 = await words_ranked
         finally:
             vector.cancel()
+            if words_ranked is not None:
+                words_ranked.cancel()
         newest_first = {memory_id: i for i, memory_id in enumerate(scope.cited)}
         matches = {i: n for i, n in verdict.entity_matches.items() if i not in hidden}
         entity = sorted(matches, key=lambda memory_id: (-matches[memory_id],

@@ -93,7 +93,8 @@ class BusClient:
         failing as its reply would; the result as it is, not encoded and parsed again."""
         if len(data) > self._nc.max_payload:
             raise MaxPayloadError
-        result = await asyncio.wait_for(answer(handler, data, subject), timeout)
+        async with asyncio.timeout(timeout):  # in this task: no task of its own to wake
+            result = await answer(handler, data, subject)
         if not isinstance(result, result_type):  # a wiring mistake, not a runtime condition
             raise TypeError(f"{subject} answered {type(result).__name__}")
         return result
