@@ -239,6 +239,7 @@ class FakeRankers:
     cosine_ids: list[str] = field(default_factory=list)
     requests: list[RankRequest] = field(default_factory=list)
     sequence: list[str] = field(default_factory=list)  # remembered in this order (neighbours)
+    bm25_late_s: float = 0.0  # BM25 answers this long after it is asked
 
     def _ranking(self, ids: list[str], request: RankRequest) -> Ranking:
         listed = [i for i in ids if i not in request.exclude]
@@ -251,6 +252,7 @@ class FakeRankers:
 
     async def bm25(self, request: RankRequest) -> Ranking:
         self.requests.append(request)
+        await asyncio.sleep(self.bm25_late_s)
         return self._ranking(self.bm25_ids, request)
 
     async def cosine(self, request: RankRequest) -> Ranking:

@@ -4,6 +4,7 @@ hidden memories never take a place; storage reads only the fused head."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -138,6 +139,20 @@ async def test_a_slow_embedder_degrades_cosine_and_bm25_still_answers() -> None:
             gate.set()  # let the model thread finish before the actor stops
     finally:
         gate.set()
+
+
+async def test_a_late_indexer_degrades_bm25_without_holding_up_the_answer() -> None:
+    async with recall_on(FakeEmbedder(), bm25_deadline_ms=50) as world:
+        world.storage.memories = window("a", "b")
+        world.rankers.bm25_ids = ["b"]
+        world.rankers.cosine_ids = ["a", "b"]
+        world.rankers.bm25_late_s = 5.0
+        started = time.monotonic()
+        result = await world.recall()
+        assert time.monotonic() - started < 2.0  # the deadline, not the indexer's answer
+        assert result.degraded == ["bm25"]
+        assert [(m.memory_id, m.ranks.bm25, m.ranks.cosine) for m in result.memories] == [
+            ("a", None, 1), ("b", None, 2)]
 
 
 async def test_storage_reads_only_the_rows_of_the_fused_head(world: World) -> None:
