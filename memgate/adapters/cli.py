@@ -76,13 +76,15 @@ def up(
         overrides["http_host"], overrides["http_port"] = _host_port(http)
     if nats_url is not None:
         overrides["nats_url"] = nats_url
+    from memgate.app.datadir import DataDirError
+    from memgate.app.ram import RamDirectoryError
     from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
     from memgate.app.supervisor import ChildFailedError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(Settings(**overrides)))
-    except ChildFailedError as failed:
+    except (ChildFailedError, DataDirError, RamDirectoryError) as failed:
         typer.echo(f"memgate: {failed}", err=True)
         raise typer.Exit(1) from None
 
@@ -284,4 +286,7 @@ cli_backup.command(app, _operator)
 
 
 def main() -> None:
+    from memgate.app.datadir import private_files
+
+    private_files()  # what any command writes (a data directory, a backup) is the user's only
     app()

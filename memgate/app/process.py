@@ -7,7 +7,11 @@ Settings come from the environment (`MEMGATE_*`, written by the supervisor); the
 derived from the same secret the supervisor's embedded server was configured with. The process
 writes one line to `--ready-fd` once its actors (and HTTP) serve, and stops (draining) on
 SIGTERM or SIGINT, or when its standard input closes: the supervisor holds the other end, so a
-child never outlives it, even when the supervisor is killed outright.
+child never outlives it, even when the supervisor is killed outright (the kernel then also sends
+it SIGTERM: `bus.lifetime`). An orphan does not wait on a drain with nobody to hand over
+to (its nats-server died with the supervisor): it exits `ORPHAN_STOP_S` after its parent went,
+whatever it was doing, and frees the data directory's lock (`app.datadir`) for the next
+`memgate up`; what it had committed is on disk, what it had not was never acknowledged.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
 
 import uvicorn
 
+from memgate.app.datadir import private_files
 from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
@@ -39,6 +45,7 @@ HTTP_START_TIMEOUT_S = 30.0
 # connection reset (`httpx.ReadError`; seen under load in bench.load). The server's must be
 # the longer one; 75 s is nginx's and gunicorn's.
 KEEP_ALIVE_S = 75
+ORPHAN_STOP_S = 3.0  # an orphan's drain, at most (idle: ~0.2 s)
 
 
 class HttpServer(uvicorn.Server):
@@ -64,6 +71,13 @@ def http_server(settings: Settings, bus: Bus) -> HttpServer:
         timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)))
 
 
+def _exit_soon() -> None:
+    """Exit in `ORPHAN_STOP_S` whatever the event loop is doing (a thread of its own)."""
+    timer = threading.Timer(ORPHAN_STOP_S, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+
+
 def _stop_when_parent_goes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
     """Standard input is a pipe from the supervisor: end of file means it is gone."""
     fd = sys.stdin.fileno()
@@ -76,6 +90,7 @@ def _stop_when_parent_goes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event)
         if gone:
             loop.remove_reader(fd)
             stop.set()
+            _exit_soon()
 
     loop.add_reader(fd, readable)
 
@@ -125,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ready-fd", type=int, help="written to once the group serves")
     parser.add_argument("--http-fd", type=int, help="the listening socket of the REST adapter")
     args = parser.parse_args(argv)
+    private_files()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(name)s[{args.group}] %(levelname)s %(message)s")
     asyncio.run(run_group(Settings(), args.group, args.nats, ready_fd=args.ready_fd,

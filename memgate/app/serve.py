@@ -4,6 +4,10 @@
 listening socket, and runs the actors in supervised child processes by group (`app.layout`,
 `app.supervisor`); `single_process` runs everything in this one process instead. Each is an
 `AsyncExitStack` of resources plus a signal-driven shutdown: Ctrl-C drains and stops.
+
+Either first locks its data directory (`app.datadir`: a second memgate on it is refused) and
+makes it private to the user; the lock's descriptor is held by the nats-server and every child
+too, which die with the supervisor (`bus.lifetime`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from contextlib import AsyncExitStack
 
 import typer
 
+from memgate.app import datadir, ram
 from memgate.app.layout import FRONT, groups
 from memgate.app.layout import child_environment
 from memgate.app.process import http_server
@@ -49,21 +54,34 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(settings: Settings) -> None:
-    """`memgate up`: supervised processes, or one process (`single_process`)."""
+    """`memgate up`: supervised processes, or one process (`single_process`), on a data
+    directory locked for them (else `datadir.DataDirError`)."""
+    datadir.private_files()
+    lock = await asyncio.to_thread(datadir.lock, settings.data_dir)
+    datadir.make_private(settings.data_dir)
+    if settings.text_index_dir is None:
+        ram.private_base()  # refused here, with its reason, rather than in a child process
     if settings.single_process:
-        await serve_in_process(settings)
+        await serve_in_process(settings, inherit=(lock,))
     else:
-        await serve_supervised(settings)
+        await serve_supervised(settings, inherit=(lock,))
 
 
-async def serve_supervised(settings: Settings) -> None:
+def _record_nats(settings: Settings, url: str, stack: AsyncExitStack) -> None:
+    """Where the command line finds this memgate's NATS (`memgate backup --data-dir`)."""
+    datadir.record_nats(settings.data_dir, url)
+    stack.callback(datadir.forget_nats, settings.data_dir)
+
+
+async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ()) -> None:
     """The embedded nats-server (unless `--nats`) and its nats-authority here; the actors and
-    the REST adapter in child processes; Ctrl-C stops the children in order, then the server."""
+    the REST adapter in child processes; Ctrl-C stops the children in order, then the server.
+    The server and the children hold the descriptors `inherit` while they run."""
     stop = _stop_on_signals()
     async with AsyncExitStack() as stack:
         authority = None
         if settings.nats_url is None:
-            server, bus = await start_server(settings, stack)
+            server, bus = await start_server(settings, stack, inherit=inherit)
             authority = await start_actors(
                 settings, bus, stack, only=frozenset({"nats-authority"}), server=server,
                 logins=list(internal_logins(settings).values()))
@@ -77,20 +95,22 @@ async def serve_supervised(settings: Settings) -> None:
         supervisor = await stack.enter_async_context(Supervisor(
             layout, replicas={g.name: g.replicas(settings) for g in layout}, nats_url=bus.url,
             env=child_environment(dict(os.environ), settings), http_socket=http,
-            stop_timeout_s=settings.request_timeout_s + STOP_MARGIN_S))
+            stop_timeout_s=settings.request_timeout_s + STOP_MARGIN_S, inherit=inherit))
         await supervisor.start(*(g.name for g in layout if g.name != FRONT))
         if authority is not None:
             await authority.sync()  # the agents' NATS logins, before the front door opens
         await supervisor.start(FRONT)
+        _record_nats(settings, bus.url, stack)
         _started(settings, bus.url)
         await stop.wait()
         typer.echo("memgate: draining and stopping")
 
 
-async def serve_in_process(settings: Settings) -> None:
+async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ()) -> None:
     """Embedded nats-server (unless `--nats`), every actor, the REST adapter, in this process."""
     async with AsyncExitStack() as stack:
-        bus = await start_system(settings, stack)
+        bus = await start_system(settings, stack, inherit=inherit)
+        _record_nats(settings, bus.url, stack)
         server = http_server(settings, bus)
         _started(settings, bus.url)
         loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memgate.app.layout import Group
+from memgate.bus.lifetime import die_with_parent
 
 log = logging.getLogger("memgate.supervisor")
 
@@ -55,8 +56,9 @@ class Supervisor:
 
     def __init__(self, layout: list[Group], *, replicas: Mapping[str, int], nats_url: str,
                  env: Mapping[str, str], http_socket: socket.socket | None,
-                 stop_timeout_s: float) -> None:
+                 stop_timeout_s: float, inherit: tuple[int, ...] = ()) -> None:
         self._layout = layout
+        self._inherit = inherit  # every child holds these (the data directory's lock)
         self._nats_url = nats_url
         self._env = dict(env)
         self._http = http_socket
@@ -91,7 +93,7 @@ class Supervisor:
         read_end, write_end = os.pipe()
         args = ["--group", child.group.name, "--nats", self._nats_url,
                 "--ready-fd", str(write_end)]
-        keep = [write_end]
+        keep = [write_end, *self._inherit]
         if child.group.rest and self._http is not None:
             args += ["--http-fd", str(self._http.fileno())]
             keep.append(self._http.fileno())
@@ -100,8 +102,9 @@ class Supervisor:
                 sys.executable, "-m", "memgate.app.process", *args, env=self._env,
                 pass_fds=keep, stdin=asyncio.subprocess.PIPE,
                 # its own session: a terminal's Ctrl-C reaches the supervisor only, which then
-                # stops the children in order
-                start_new_session=True)
+                # stops the children in order; killed outright, it takes them with it (SIGTERM:
+                # they drain), as it does when their standard input closes
+                start_new_session=True, preexec_fn=die_with_parent())
         finally:
             os.close(write_end)
         return process, read_end

@@ -202,18 +202,20 @@ def internal_bus(url: str, logins: Mapping[str, Login]) -> Bus:
                      for kind, login in logins.items()})
 
 
-async def start_server(settings: Settings, stack: AsyncExitStack) -> tuple[EmbeddedNats, Bus]:
-    """The embedded, locked-down nats-server; `stack` stops it."""
+async def start_server(settings: Settings, stack: AsyncExitStack, *,
+                       inherit: tuple[int, ...] = ()) -> tuple[EmbeddedNats, Bus]:
+    """The embedded, locked-down nats-server (holding the descriptors `inherit`); `stack`
+    stops it."""
     logins = internal_logins(settings)
     server = await stack.enter_async_context(EmbeddedNats(
         settings.data_dir / "nats", port=settings.nats_port,
-        config=server_config(list(logins.values()), [])))
+        config=server_config(list(logins.values()), []), inherit=inherit))
     return server, internal_bus(server.url, logins)
 
 
 async def start_system(settings: Settings, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(),
-                       only: frozenset[str] | None = None) -> Bus:
+                       only: frozenset[str] | None = None, inherit: tuple[int, ...] = ()) -> Bus:
     """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor, all in
     this process.
 
@@ -224,7 +226,7 @@ async def start_system(settings: Settings, stack: AsyncExitStack, *,
         bus = external_bus(settings, settings.nats_url)
         await start_actors(settings, bus, stack, skip=skip, only=only)
         return bus
-    server, bus = await start_server(settings, stack)
+    server, bus = await start_server(settings, stack, inherit=inherit)
     await start_actors(settings, bus, stack, skip=skip, server=server,
                        logins=list(internal_logins(settings).values()))
     return bus

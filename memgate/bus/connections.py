@@ -55,7 +55,7 @@ class KindConnections:
             return
         await nc.connect(self._bus.url, name=f"memgate-{kind}", error_cb=_nats_error(kind),
                          **self._bus.login(kind))
-        stack.push_async_callback(nc.drain)
+        stack.push_async_callback(_drain_or_close, nc)
 
     def broker(self, kind: str, *, graceful_timeout: float) -> NatsBroker:
         """A broker for the subjects `kind` serves, on that kind's login: request/reply subjects
@@ -70,6 +70,15 @@ class KindConnections:
                             graceful_timeout=graceful_timeout,
                             security=security, name=f"memgate-{kind}-routes",
                             error_cb=_nats_error(kind))
+
+
+async def _drain_or_close(nc: NatsClient) -> None:
+    """Drain a connection that can drain; one whose server is gone (it died with a killed
+    `memgate up`) closes at once instead of waiting out the drain timeout."""
+    if nc.is_connected:
+        await nc.drain()
+    else:
+        await nc.close()
 
 
 def _nats_error(kind: str) -> Callable[[Exception], Awaitable[None]]:

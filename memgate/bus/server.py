@@ -24,6 +24,7 @@ from types import TracebackType
 import nkeys
 
 from memgate.bus.logins import PUBLIC_COMMANDS, agent_permissions
+from memgate.bus.lifetime import die_with_parent
 
 INTERNAL_ACCOUNT = "MEMGATE"
 MAX_PAYLOAD = 8 * 1024 * 1024  # twice the REST body limit (Settings.max_body_bytes): the envelope
@@ -107,12 +108,15 @@ class EmbeddedNats:
     """`async with EmbeddedNats(dir) as server:` runs nats-server with JetStream under `dir`.
 
     With `config`, the server runs with that configuration; `reload(config)` rewrites it and
-    returns once the server has applied it.
+    returns once the server has applied it. The server dies with the process that started it
+    (`bus.lifetime`), and holds the descriptors `inherit` (the data directory's lock,
+    `app.datadir`) until it exits.
     """
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = -1,
-                 config: str | None = None) -> None:
+                 config: str | None = None, inherit: Sequence[int] = ()) -> None:
         self._dir = data_dir
+        self._inherit = tuple(inherit)
         self._host = host
         self._port = port
         self._config = config
@@ -148,7 +152,7 @@ class EmbeddedNats:
             str(nats_server_binary()), *args, env=server_environment(dict(os.environ)),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
             # a terminal's Ctrl-C reaches only its owner, which stops it after the actors drain
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent(), pass_fds=self._inherit,
         )
         self._log_reader = asyncio.create_task(self._read_log(), name="nats-server.log")
         ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"

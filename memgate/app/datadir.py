@@ -1,0 +1,152 @@
+"""What a memgate keeps in its data directory besides its data: the lock that makes it the
+directory's one memgate, where its NATS listens (`run/nats.json`, for the command line), and
+modes private to the user whatever the umask.
+
+The lock is an `flock` on `DIR/.lock`, taken by `memgate up` before anything else and held by
+every process of it (the supervisor passes the descriptor to its nats-server and its children):
+the directory is free again only once the last of them is gone, so a `memgate up` after a
+kill -9 waits for the orphans' drain (they die with their parent, `bus.lifetime`) instead
+of sharing the JetStream store or the DuckDB files with them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+LOCK = ".lock"
+NATS_INFO = Path("run") / "nats.json"
+# After a kill -9, how long the processes of the memgate that was killed may take to stop
+# (they drain as on Ctrl-C; ~1 s when idle) before a new `memgate up` gives up.
+ORPHANS_WAIT_S = 20.0
+ORPHANS_POLL_S = 0.05
+PRIVATE_UMASK = 0o077  # files 0600, directories 0700
+
+
+class DataDirError(RuntimeError):
+    """The data directory cannot be used (another memgate runs on it); the message says why."""
+
+
+def private_files() -> None:
+    """Everything this process (and its children) creates: for the user only."""
+    os.umask(PRIVATE_UMASK)
+
+
+def make_private(data_dir: Path) -> None:
+    """Directories 0700 and files 0600 under `data_dir` (made by an older memgate, or under
+    another umask); symbolic links are neither followed nor changed."""
+    for root, dirs, files in os.walk(data_dir):
+        os.chmod(root, 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # exited, not yet reaped
+
+
+def _holder(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or "x")
+    except ValueError:
+        return None
+
+
+def lock(data_dir: Path, *, wait_s: float = ORPHANS_WAIT_S) -> int:
+    """Lock `data_dir` for this memgate (creating it); the descriptor, held for the life of the
+    process (never closed: its exit releases the lock). A memgate that runs on it: refused at
+    once; one that was killed: its processes are waited for up to `wait_s`."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(data_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = _holder(fd)
+            if holder is not None and _alive(holder):
+                os.close(fd)
+                raise DataDirError(f"memgate (pid {holder}) already runs on {data_dir}; "
+                                   "stop it first, or give another --data-dir") from None
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise DataDirError(
+                    f"the processes of a memgate that ran on {data_dir} (pid {holder}, gone) "
+                    f"did not stop within {wait_s:.0f} s and still hold it") from None
+            time.sleep(ORPHANS_POLL_S)  # flock has no timeout; the orphans are draining
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def is_locked(data_dir: Path) -> bool:
+    """Whether a memgate holds `data_dir` now (from another process than the holder)."""
+    try:
+        fd = os.open(data_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def record_nats(data_dir: Path, url: str) -> Path:
+    """Say where this memgate's NATS listens (no login in it): `DIR/run/nats.json`, 0600."""
+    path = data_dir / NATS_INFO
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    written = path.with_suffix(".tmp")
+    fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"url": _without_userinfo(url), "pid": os.getpid()}, out)
+    os.replace(written, path)
+    return path
+
+
+def forget_nats(data_dir: Path) -> None:
+    (data_dir / NATS_INFO).unlink(missing_ok=True)
+
+
+def running_nats(data_dir: Path) -> str | None:
+    """The NATS URL of the memgate running on `data_dir`, None if none runs (or said)."""
+    if not is_locked(data_dir):
+        return None  # a file left by a memgate that was killed says nothing
+    try:
+        url = json.loads((data_dir / NATS_INFO).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+__all__ = ["DataDirError", "forget_nats", "is_locked", "lock", "make_private", "private_files",
+           "record_nats", "running_nats"]

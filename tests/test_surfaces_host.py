@@ -1,0 +1,249 @@
+"""The host's side of memgate (issue 28, findings 12, 14, 15, 16, 17): its processes do not
+outlive it, its data directory is its own and private, the command line finds its NATS, each
+NATS login may do only what its kind does, and compose runs it locked down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, eventually, free_port
+from tests.test_processes import alive, children, healthy
+
+OPERATOR = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Up:
+    process: asyncio.subprocess.Process
+    http: httpx.AsyncClient
+    nats_port: int
+    log: Path
+
+    async def interrupted(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(self.process.wait(), 60)
+        assert code == 0, f"memgate up exited {code}:\n{self.log.read_text()[-4000:]}"
+
+
+def up_command(data_dir: Path, http_port: int) -> list[str]:
+    return [sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data_dir),
+            "--http", f"127.0.0.1:{http_port}"]
+
+
+def up_environment(nats_port: int, **env: str) -> dict[str, str]:
+    return {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+            "MEMGATE_NATS_PORT": str(nats_port), **env}
+
+
+def umask_022() -> None:
+    os.umask(0o022)  # the usual default: what memgate must not rely on
+
+
+@asynccontextmanager
+async def memgate_up(data_dir: Path, *, nats_port: int | None = None,
+                     http_port: int | None = None, **env: str) -> AsyncIterator[Up]:
+    """`memgate up` under umask 022, healthy; killed at the end if the test did not stop it."""
+    http_port, nats_port = http_port or free_port(), nats_port or free_port()
+    log = data_dir.parent / f"memgate-up-{time.monotonic_ns()}.log"
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            *up_command(data_dir, http_port), env=up_environment(nats_port, **env),
+            stdout=output, stderr=output, preexec_fn=umask_022)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}",
+                                     timeout=30) as http:
+            up = Up(process, http, nats_port, log)
+
+            async def serving() -> bool:
+                assert process.returncode is None, log.read_text()[-4000:]
+                return await healthy(http)
+
+            await eventually(serving, timeout=90)
+            yield up
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid`, with its command line."""
+    found: dict[int, str] = {}
+    below = [pid]
+    while below:
+        for child, cmdline in children(below.pop()).items():
+            found[child] = cmdline
+            below.append(child)
+    return found
+
+
+def nats_servers_on(data_dir: Path) -> list[int]:
+    """The nats-servers whose JetStream store is under `data_dir`."""
+    store = str(data_dir / "nats" / "jetstream")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline[0].endswith(b"nats-server") and store.encode() in cmdline and alive(
+                int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+# --- 12: processes that do not outlive memgate up; one memgate per data directory ---
+
+
+@pytest.mark.timeout(240)
+async def test_a_supervisor_killed_outright_takes_its_processes_along_and_the_next_up_serves(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    nats_port, http_port = free_port(), free_port()
+    async with memgate_up(data, nats_port=nats_port, http_port=http_port) as first:
+        left = descendants(first.process.pid)
+        assert any("nats-server" in cmdline for cmdline in left.values())
+        assert sum("memgate.app.process" in cmdline for cmdline in left.values()) == 3
+        killed = time.monotonic()
+        first.process.kill()  # an OOM kill: no code of memgate's runs
+        await first.process.wait()
+
+        async def all_gone() -> bool:
+            return not any(alive(pid) for pid in left)
+
+        await eventually(all_gone, timeout=10)
+        gone_after = time.monotonic() - killed
+
+    # the same ports and directory, no manual step
+    async with memgate_up(data, nats_port=nats_port, http_port=http_port) as second:
+        healthy_after = time.monotonic() - killed
+        assert healthy_after < 10, f"healthy {healthy_after:.1f} s after the kill"
+        assert nats_servers_on(data) == [next(pid for pid, cmdline in
+                                              descendants(second.process.pid).items()
+                                              if "nats-server" in cmdline)]
+        await second.interrupted()
+    print(f"orphans gone after {gone_after:.2f} s; the next up healthy after "
+          f"{healthy_after:.2f} s")
+
+
+@pytest.mark.timeout(180)
+async def test_a_second_memgate_up_on_a_data_directory_in_use_refuses_with_a_clear_message(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with memgate_up(data) as first:
+        second = await asyncio.to_thread(
+            subprocess.run, up_command(data, free_port()), env=up_environment(free_port()),
+            capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert f"already runs on {data}" in second.stderr
+        assert f"pid {first.process.pid}" in second.stderr
+        assert len(nats_servers_on(data)) == 1  # no second JetStream on the same store
+        assert await healthy(first.http)
+        await first.interrupted()
+
+
+# --- 16: files 0600 and directories 0700 whatever the umask; a RAM directory of our own ---
+
+
+def modes(root: Path) -> dict[str, str]:
+    """Every file and directory under `root` (itself included) that is not private."""
+    wrong = {}
+    for path in [root, *root.rglob("*")]:
+        found = path.lstat()
+        if stat.S_ISLNK(found.st_mode):
+            continue
+        want = 0o700 if stat.S_ISDIR(found.st_mode) else 0o600
+        if stat.S_IMODE(found.st_mode) != want:
+            wrong[str(path.relative_to(root))] = f"{stat.S_IMODE(found.st_mode):04o}"
+    return wrong
+
+
+def ram_directories(data: Path) -> list[Path]:
+    return [path for path in Path("/dev/shm").glob(f"memgate-{os.getuid()}/*")
+            if (path / "ORIGIN").exists()
+            and (path / "ORIGIN").read_text() == str(data.resolve())]
+
+
+@pytest.mark.timeout(180)
+async def test_under_umask_022_every_file_memgate_writes_is_0600_and_every_directory_0700(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    (data / "left-by-an-older-memgate").write_text("x")
+    os.chmod(data / "left-by-an-older-memgate", 0o644)
+    async with memgate_up(data) as up:
+        created = (await up.http.post("/api/admin/workspaces", json={"name": "acme"},
+                                      headers=OPERATOR)).json()
+        ws = created["workspaceId"]
+        owner = {"Authorization": f"Bearer {created['owner']['memberToken']}"}
+        await up.http.put(f"/api/w/{ws}/ask-history/settings",
+                          json={"agentMemoriesEnabled": True}, headers=owner)
+        token = (await up.http.post(f"/api/w/{ws}/credentials", headers=owner, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        bearer = {"Authorization": f"Bearer {token}"}
+        memories = "/api/agent/v1/memories"
+        stored = (await up.http.post(f"{memories}/remember", headers=bearer, json={
+            "namespace": "prefs", "text": "jane@example.com reviews on Mondays"})).json()
+        assert (await up.http.post(f"{memories}/forget", headers=bearer, json={
+            "memoryId": stored["memoryId"]})).status_code == 200
+        await up.interrupted()
+    expected = {"directory.duckdb", "spaces.duckdb", "sessions.duckdb", "audit"}
+    assert expected <= {path.name for path in data.iterdir()}
+    assert any((data / "audit").iterdir())
+    assert modes(data) == {}
+    assert ram_directories(data) and all(modes(path) == {} for path in ram_directories(data))
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from memgate.app import ram
+
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    monkeypatch.setattr(ram, "RAM", shm)
+    return shm
+
+
+def test_a_ram_directory_someone_else_made_or_left_open_is_refused(shm: Path,
+                                                                    tmp_path: Path) -> None:
+    from memgate.app import ram
+
+    data = tmp_path / "data"
+    root = ram.text_index_root(data, "p0", None)
+    base = shm / f"memgate-{os.getuid()}"
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)  # made by someone ahead of memgate, open to every user
+    with pytest.raises(ram.RamDirectoryError, match="mode 0755"):
+        ram.claim(data, root)
+    assert not root.exists()
+    os.chmod(base, 0o700)
+    if os.getuid() == 0:  # only root can give a directory away
+        os.chown(base, 12345, 12345)
+        with pytest.raises(ram.RamDirectoryError, match="uid 12345"):
+            ram.claim(data, root)
+        os.chown(base, 0, 0)
+    base.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    base.symlink_to(elsewhere)  # a link to where its maker reads
+    with pytest.raises(ram.RamDirectoryError, match="not a directory"):
+        ram.claim(data, root)
+    assert list(elsewhere.iterdir()) == []
+    base.unlink()
+    ram.claim(data, root)  # memgate's own: used
+    assert root.is_dir() and stat.S_IMODE(base.stat().st_mode) == 0o700
