@@ -5,6 +5,7 @@ NATS login may do only what its kind does, and compose runs it locked down."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import stat
@@ -17,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, eventually, free_port
+from tests.conftest import ADMIN_TOKEN, Memgate, eventually, free_port
+from tests.test_bus_permissions import Violations
 from tests.test_processes import alive, children, healthy
 
 OPERATOR = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -247,3 +250,56 @@ def test_a_ram_directory_someone_else_made_or_left_open_is_refused(shm: Path,
     base.unlink()
     ram.claim(data, root)  # memgate's own: used
     assert root.is_dir() and stat.S_IMODE(base.stat().st_mode) == 0o700
+
+
+# --- 17: each NATS login does only what its kind does; revocation needs no lost message ---
+
+
+async def test_the_recall_login_reads_storage_but_may_not_remember_forget_or_purge(
+        memgate: Memgate) -> None:
+    violations = Violations()
+    nc = await nats.connect(memgate.nats_url, error_cb=violations.callback,
+                            **memgate.bus.login("recall"))
+    try:
+        for operation in ("remember", "forget", "purge", "reap", "subject", "texts"):
+            subject = f"mem.int.store.p0.{operation}"
+            await nc.publish(subject, b"{}")
+            await violations.wait_for(f'publish to "{subject}"')
+        for operation in ("scope", "rows"):  # what recall asks: answered, not refused
+            answer = await nc.request(f"mem.int.store.p0.{operation}", b"{}", timeout=5)
+            assert json.loads(answer.data)["error"]["code"] == "VALIDATION_ERROR"
+        assert not any("scope" in seen or "rows" in seen for seen in violations.seen)
+    finally:
+        await nc.close()
+
+
+async def test_a_revocation_takes_effect_for_a_governance_that_missed_its_announcement(
+        memgate: Memgate) -> None:
+    """A governance's principal cache that never hears `principals.changed` (it was
+    reconnecting): the revoked credential is refused within the cache's bound all the same."""
+    from memgate.bus.client import BusClient
+    from memgate.contracts.errors import UnauthenticatedError
+    from memgate.ports.directory import PRINCIPAL_TTL_S, BusDirectory, PrincipalCache
+    from memgate.storage.directory import hash_token
+
+    owner = await memgate.workspace()
+    created = await memgate.ok("POST", f"/api/w/{owner.workspace_id}/credentials", owner.token,
+                               {"name": "agent", "scopes": ["memory:read"]})
+    nc = await memgate.internal("governance")  # its own connection: no announcement reaches it
+    missed = PrincipalCache(BusDirectory(BusClient(nc, timeout=5)))
+    token = hash_token(created["token"])
+    assert (await missed.principal(token)).workspace_id == owner.workspace_id
+    await memgate.ok("DELETE", f"/api/w/{owner.workspace_id}/credentials/"
+                               f"{created['credentialId']}", owner.token)
+    revoked = time.monotonic()
+
+    async def refused() -> bool:
+        try:
+            await missed.principal(token)
+        except UnauthenticatedError:
+            return True
+        return False
+
+    await eventually(refused, timeout=PRINCIPAL_TTL_S + 1)
+    assert time.monotonic() - revoked <= PRINCIPAL_TTL_S + 0.5
+    assert PRINCIPAL_TTL_S <= 2.0

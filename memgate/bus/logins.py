@@ -51,6 +51,7 @@ def _ready(kind: str, partitioned: bool = False) -> str:
 
 
 ADAPTER: Final = "adapter"
+RECALL_READS: Final = ("scope", "rows")  # the storage operations recall asks
 
 ROLES: Final[dict[str, Role]] = {
     "governance": Role(
@@ -75,8 +76,9 @@ ROLES: Final[dict[str, Role]] = {
                    subjects.dump("registry", ">")),
         callers=("governance", "recall", "directory", "keys"), jetstream=True),
     "recall": Role(
-        # recall reads from storage with several operations; none of them writes
-        publish=(subjects.store(ANY, ANY), subjects.index(ANY, "rank"),
+        # recall reads from storage (`ports.storage.BusStorage.recall_scope`, `.rows`), never
+        # writes: no remember, forget, purge, reap or erasure of any partition
+        publish=(*(subjects.store(ANY, op) for op in RECALL_READS), subjects.index(ANY, "rank"),
                  subjects.embed(ANY, "rank"), subjects.registry("verify")),
         subscribe=(subjects.recall_internal(), _ready("recall")),
         callers=("governance", "space-memories")),

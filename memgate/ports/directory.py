@@ -13,6 +13,11 @@ from memgate.contracts.internal import PrincipalRequest
 from memgate.ports.bus import Requester
 
 
+# How long governance may use a principal it resolved without asking the directory again: the
+# bound on a revocation whose announcement was lost (`PrincipalCache`).
+PRINCIPAL_TTL_S = 2.0
+
+
 class Directory(Protocol):
     async def principal(self, token_hash: str) -> Principal:
         """Who holds this credential, as of now (role, scopes and settings re-read)."""
@@ -45,11 +50,18 @@ class PrincipalCache:
     answers the change, and the server delivers the announcement to governance ahead of any
     command sent after that answer: a revoked credential or a demoted member is refused at its
     next use (SPEC §2.1). An answer that was on its way while a change was announced is not
-    kept (the generation moved). Failures are never kept. `ttl_s` bounds how long an entry
-    lives if an announcement was lost (a reconnect); `size` bounds memory (least recent out).
+    kept (the generation moved). Failures are never kept.
+
+    The announcement is a core-NATS message, which a governance can miss (it was reconnecting,
+    a slow consumer's messages were dropped, it subscribed a moment later): revocation does not
+    depend on it. An entry lives at most `ttl_s` (`PRINCIPAL_TTL_S`, 2 s) from the directory's
+    answer, so a missed announcement leaves a revoked credential usable for 2 s at most, and
+    each credential in use costs one directory round trip (~1 ms) per 2 s. `size` bounds memory
+    (least recent out).
     """
 
-    def __init__(self, directory: Directory, *, ttl_s: float = 30.0, size: int = 10_000,
+    def __init__(self, directory: Directory, *, ttl_s: float = PRINCIPAL_TTL_S,
+                 size: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._directory = directory
         self._ttl = ttl_s
