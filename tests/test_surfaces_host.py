@@ -303,3 +303,27 @@ async def test_a_revocation_takes_effect_for_a_governance_that_missed_its_announ
     await eventually(refused, timeout=PRINCIPAL_TTL_S + 1)
     assert time.monotonic() - revoked <= PRINCIPAL_TTL_S + 0.5
     assert PRINCIPAL_TTL_S <= 2.0
+
+
+# --- 14: the command line finds a running memgate's NATS from its data directory ---
+
+
+@pytest.mark.timeout(180)
+async def test_backup_of_a_running_memgate_on_another_nats_port_needs_no_nats_flag(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with memgate_up(data) as up:  # NATS on a free port, not 4222
+        await up.http.post("/api/admin/workspaces", json={"name": "acme"}, headers=OPERATOR)
+        recorded = data / "run" / "nats.json"
+        assert json.loads(recorded.read_text())["url"] == f"nats://127.0.0.1:{up.nats_port}"
+        assert stat.S_IMODE(recorded.stat().st_mode) == 0o600
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMGATE_NATS")}
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "memgate.adapters", "backup", "--data-dir", str(data),
+            "--out", str(tmp_path / "backup.mgb")],
+            env={**env, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}, capture_output=True, text=True,
+            timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["rows"] > 0
+        await up.interrupted()
+    assert not recorded.exists()  # a stopped memgate says nothing

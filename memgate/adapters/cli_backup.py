@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from memgate.app.datadir import nats_of
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus.logins import ADAPTER, inbox_prefix
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 DataDir = Annotated[Path, typer.Option(help="the data directory (of memgate up)")]
 Nats = Annotated[str | None, typer.Option(
     "--nats", help="the NATS of the memgate running on the directory "
-                   "(env MEMGATE_NATS_URL; default nats://127.0.0.1:4222)")]
+                   "(env MEMGATE_NATS_URL; default: where that memgate said, DIR/run/nats.json)")]
 CONNECT_TIMEOUT_S = 10.0
 PAGE_TIMEOUT_S = 120.0  # a page of a large table, read and sealed
 
@@ -50,7 +51,7 @@ async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
             pass  # it started meanwhile
     settings = Settings(data_dir=data_dir)
     login = internal_logins(settings)["adapter"]
-    url = nats_url or f"nats://127.0.0.1:{settings.nats_port}"
+    url = nats_of(data_dir, nats_url or settings.nats_url, port=settings.nats_port)
     client = await BusClient.connect(url, name="memgate-backup", timeout=PAGE_TIMEOUT_S,
                                      connect_timeout=CONNECT_TIMEOUT_S, user=login.user,
                                      password=login.password,

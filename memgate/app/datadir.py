@@ -137,6 +137,13 @@ def forget_nats(data_dir: Path) -> None:
     (data_dir / NATS_INFO).unlink(missing_ok=True)
 
 
+def nats_of(data_dir: Path, given: str | None = None, *, port: int = 4222) -> str:
+    """The NATS a command for the memgate on `data_dir` connects to: `given` (`--nats`, or
+    `MEMGATE_NATS_URL`), else where the memgate running on it said its NATS listens, else the
+    embedded server's default address (`port`: `MEMGATE_NATS_PORT`)."""
+    return given or running_nats(data_dir) or f"nats://127.0.0.1:{port}"
+
+
 def running_nats(data_dir: Path) -> str | None:
     """The NATS URL of the memgate running on `data_dir`, None if none runs (or said)."""
     if not is_locked(data_dir):
@@ -148,5 +155,5 @@ def running_nats(data_dir: Path) -> str | None:
     return url if isinstance(url, str) else None
 
 
-__all__ = ["DataDirError", "forget_nats", "is_locked", "lock", "make_private", "private_files",
-           "record_nats", "running_nats"]
+__all__ = ["DataDirError", "forget_nats", "is_locked", "lock", "make_private", "nats_of",
+           "private_files", "record_nats", "running_nats"]
