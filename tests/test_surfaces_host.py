@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -16,16 +17,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
 import pytest
+import yaml
 
 from tests.conftest import ADMIN_TOKEN, Memgate, eventually, free_port
 from tests.test_bus_permissions import Violations
 from tests.test_processes import alive, children, healthy
 
 OPERATOR = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -327,3 +331,53 @@ async def test_backup_of_a_running_memgate_on_another_nats_port_needs_no_nats_fl
         assert json.loads(done.stdout)["rows"] > 0
         await up.interrupted()
     assert not recorded.exists()  # a stopped memgate says nothing
+
+
+# --- 15: compose runs memgate locked down, with no default operator token ---
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "compose.yaml").read_text()))
+
+
+def test_compose_publishes_no_nats_on_every_interface_and_has_no_default_operator_token(
+        ) -> None:
+    for name, service in compose()["services"].items():
+        for mapping in service.get("ports", []):
+            parts = str(mapping).split(":")
+            if parts[-1].split("/")[0] == "4222":
+                assert parts[0] == "127.0.0.1", f"{name} publishes NATS as {mapping}"
+        assert not str(service.get("image", "")).startswith("nats"), (
+            f"{name}: a NATS without memgate's accounts and logins")
+        token = service.get("environment", {}).get("MEMGATE_ADMIN_TOKEN")
+        if token is not None:  # compose refuses to start without it: no default
+            assert re.fullmatch(r"\$\{MEMGATE_ADMIN_TOKEN:\?[^}]+\}", token), token
+
+
+@pytest.mark.timeout(180)
+async def test_memgate_as_compose_runs_it_lets_no_one_on_its_nats_without_a_login(
+        tmp_path: Path) -> None:
+    service = compose()["services"]["memgate"]
+    env = {key: str(value) for key, value in service["environment"].items()
+           if key != "MEMGATE_ADMIN_TOKEN"}
+    assert env["MEMGATE_NATS_HOST"] == "0.0.0.0"
+    async with memgate_up(tmp_path / "data", **env) as up:
+        assert any(" -a 0.0.0.0 " in cmdline
+                   for cmdline in descendants(up.process.pid).values())  # every interface
+        url = f"nats://127.0.0.1:{up.nats_port}"
+        for login in ({}, {"user": "memgate", "password": "guess"},
+                      {"user": "memgate-adapter", "password": ""}):
+            with pytest.raises(Exception, match=r"(?i)authorization"):
+                await nats.connect(url, allow_reconnect=False, connect_timeout=5, **login)
+        await up.interrupted()
+
+
+def test_memgate_up_joined_to_a_nats_refuses_to_start_without_an_operator_token(
+        tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_ADMIN_TOKEN"}
+    done = subprocess.run([*up_command(tmp_path / "data", free_port()), "--nats",
+                           f"nats://127.0.0.1:{free_port()}"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "set MEMGATE_ADMIN_TOKEN" in done.stderr
+    assert not (tmp_path / "data" / "admin.token").exists()  # none made up

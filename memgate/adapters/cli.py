@@ -76,7 +76,7 @@ def up(
         overrides["http_host"], overrides["http_port"] = _host_port(http)
     if nats_url is not None:
         overrides["nats_url"] = nats_url
-    from memgate.app.datadir import DataDirError
+    from memgate.app.datadir import StartRefusedError
     from memgate.app.ram import RamDirectoryError
     from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
     from memgate.app.supervisor import ChildFailedError
@@ -84,7 +84,7 @@ def up(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(Settings(**overrides)))
-    except (ChildFailedError, DataDirError, RamDirectoryError) as failed:
+    except (ChildFailedError, StartRefusedError, RamDirectoryError) as failed:
         typer.echo(f"memgate: {failed}", err=True)
         raise typer.Exit(1) from None
 

@@ -27,7 +27,11 @@ ORPHANS_POLL_S = 0.05
 PRIVATE_UMASK = 0o077  # files 0600, directories 0700
 
 
-class DataDirError(RuntimeError):
+class StartRefusedError(RuntimeError):
+    """`memgate up` will not start as configured; the message says why and what to do."""
+
+
+class DataDirError(StartRefusedError):
     """The data directory cannot be used (another memgate runs on it); the message says why."""
 
 
@@ -155,5 +159,5 @@ def running_nats(data_dir: Path) -> str | None:
     return url if isinstance(url, str) else None
 
 
-__all__ = ["DataDirError", "forget_nats", "is_locked", "lock", "make_private", "nats_of",
-           "private_files", "record_nats", "running_nats"]
+__all__ = ["DataDirError", "StartRefusedError", "forget_nats", "is_locked", "lock",
+           "make_private", "nats_of", "private_files", "record_nats", "running_nats"]

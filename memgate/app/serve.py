@@ -57,6 +57,11 @@ async def serve(settings: Settings) -> None:
     """`memgate up`: supervised processes, or one process (`single_process`), on a data
     directory locked for them (else `datadir.DataDirError`)."""
     datadir.private_files()
+    if settings.nats_url is not None and settings.admin_token is None:
+        # every memgate joined to one NATS must know the same operator: none is made up here
+        raise datadir.StartRefusedError(
+            "joined to a NATS (--nats), memgate needs the operator token: set "
+            "MEMGATE_ADMIN_TOKEN (e.g. to the output of `openssl rand -base64 32`)")
     lock = await asyncio.to_thread(datadir.lock, settings.data_dir)
     datadir.make_private(settings.data_dir)
     if settings.text_index_dir is None:

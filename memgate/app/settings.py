@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     http_port: int = 8080
     nats_url: str | None = None  # None: start the embedded nats-server
     nats_port: int = 4222  # the embedded server's client port (-1: any free port)
+    # the embedded server's client address; 0.0.0.0 (compose.yaml) lets agents on other hosts
+    # in: they log in with their NKeys, to their own accounts, like everything else
+    nats_host: str = "127.0.0.1"
     nats_user: str = "memgate"  # the internal user (actors and adapters)
     nats_password: SecretStr | None = None  # embedded: generated and kept under data_dir/nats
     admin_token: SecretStr | None = None

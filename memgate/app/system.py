@@ -208,7 +208,7 @@ async def start_server(settings: Settings, stack: AsyncExitStack, *,
     stops it."""
     logins = internal_logins(settings)
     server = await stack.enter_async_context(EmbeddedNats(
-        settings.data_dir / "nats", port=settings.nats_port,
+        settings.data_dir / "nats", host=settings.nats_host, port=settings.nats_port,
         config=server_config(list(logins.values()), []), inherit=inherit))
     return server, internal_bus(server.url, logins)
 

@@ -104,6 +104,12 @@ def server_environment(base: dict[str, str]) -> dict[str, str]:
     return {**base, "GOMAXPROCS": base.get("GOMAXPROCS") or "1"}
 
 
+def _local_first(urls: Sequence[str]) -> str:
+    """Where this host's processes reach the server: its loopback address when it listens on
+    every interface (`-a 0.0.0.0` lists them all, in no promised order)."""
+    return next((url for url in urls if "//127.0.0.1:" in url), urls[0])
+
+
 class EmbeddedNats:
     """`async with EmbeddedNats(dir) as server:` runs nats-server with JetStream under `dir`.
 
@@ -159,7 +165,7 @@ class EmbeddedNats:
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
         while asyncio.get_running_loop().time() < deadline:
             if ports_file.exists() and ports_file.stat().st_size:
-                self.url = json.loads(ports_file.read_text())["nats"][0]
+                self.url = _local_first(json.loads(ports_file.read_text())["nats"])
                 return self
             if self._process.returncode is not None:
                 break
