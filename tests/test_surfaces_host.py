@@ -333,6 +333,24 @@ async def test_backup_of_a_running_memgate_on_another_nats_port_needs_no_nats_fl
     assert not recorded.exists()  # a stopped memgate says nothing
 
 
+@pytest.mark.timeout(180)
+async def test_admin_commands_find_the_http_of_the_memgate_running_on_memgate_data_dir(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with memgate_up(data) as up:  # HTTP on a free port, not 8080
+        env = {k: v for k, v in os.environ.items() if k not in ("MEMGATE_URL", "MEMGATE_NATS_URL")}
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "memgate.adapters", "admin", "create-workspace", "acme"],
+            env={**env, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN, "MEMGATE_DATA_DIR": str(data)},
+            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        workspace = json.loads(done.stdout)["workspaceId"]
+        owner = {"Authorization": f"Bearer {json.loads(done.stdout)['owner']['memberToken']}"}
+        assert (await up.http.get(f"/api/w/{workspace}/ask-history/settings",
+                                  headers=owner)).status_code == 200
+        await up.interrupted()
+
+
 # --- 15: compose runs memgate locked down, with no default operator token ---
 
 

@@ -28,16 +28,28 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MEMGATE_", frozen=True, extra="ignore")
 
-    url: str = "http://127.0.0.1:8080"  # memgate's HTTP address
+    # memgate's HTTP address and NATS; None: where the memgate running on `data_dir` said it
+    # listens (`app.datadir`), else http://127.0.0.1:8080 and nats://127.0.0.1:4222
+    url: str | None = None
     token: SecretStr | None = None  # a member token (admin) or an agent credential (mcp)
     admin_token: SecretStr | None = None  # the operator's token
-    nats_url: str = "nats://127.0.0.1:4222"
+    data_dir: Path = Path(".memgate")  # the data directory of the memgate the commands talk to
+    nats_url: str | None = None
     nats_seed: SecretStr | None = None  # an agent's NATS NKey seed
     nats_inbox_prefix: str | None = None
 
 
 def _secret(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
+
+
+def base_url(given: str | None = None) -> str:
+    """memgate's HTTP address for an admin command: --url, MEMGATE_URL, where the memgate
+    running on MEMGATE_DATA_DIR (default .memgate) serves, http://127.0.0.1:8080."""
+    from memgate.app.datadir import http_of
+
+    env = ClientSettings()
+    return http_of(env.data_dir, given or env.url)
 
 
 app = typer.Typer(help="memgate: governed long-term memory for AI agents.", no_args_is_help=True)
@@ -92,7 +104,8 @@ def up(
 @app.command("mcp")
 def mcp_stdio(
     nats_url: Annotated[str | None, typer.Option(
-        "--nats", help="the NATS memgate runs on (env MEMGATE_NATS_URL; default nats://127.0.0.1:4222)",
+        "--nats", help="the NATS memgate runs on (env MEMGATE_NATS_URL; default: the one of the "
+                       "memgate running on MEMGATE_DATA_DIR, else nats://127.0.0.1:4222)",
     )] = None,
     token: Annotated[str | None, typer.Option(
         help="the agent credential (env MEMGATE_TOKEN)")] = None,
@@ -105,7 +118,9 @@ def mcp_stdio(
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     env = ClientSettings()
-    nats_url = nats_url or env.nats_url
+    from memgate.app.datadir import nats_of
+
+    nats_url = nats_of(env.data_dir, nats_url or env.nats_url)
     token = token or _secret(env.token)
     nats_seed = nats_seed or _secret(env.nats_seed)
     inbox_prefix = inbox_prefix or env.nats_inbox_prefix
@@ -167,7 +182,8 @@ def nats_login(
 # --- admin: the same calls as the REST admin API ---
 
 Url = Annotated[str | None, typer.Option(
-    help="memgate's HTTP address (env MEMGATE_URL; default http://127.0.0.1:8080)")]
+    help="memgate's HTTP address (env MEMGATE_URL; default: the one of the memgate running on "
+         "MEMGATE_DATA_DIR, else http://127.0.0.1:8080)")]
 TokenOpt = Annotated[str | None, typer.Option(help="a member token (env MEMGATE_TOKEN)")]
 
 
@@ -181,7 +197,7 @@ def _operator() -> str | None:
 
 def _call(method: str, url: str | None, path: str, token: str | None,
           body: dict[str, Any] | None = None) -> None:
-    base = url or ClientSettings().url
+    base = base_url(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.request(method, base.rstrip("/") + path, json=body, headers=headers,
                              timeout=ADMIN_CALL_TIMEOUT_S)
@@ -281,7 +297,7 @@ def request(method: str, path: str, body: Annotated[str | None, typer.Argument()
           json.loads(body) if body else None)
 
 
-cli_erasure.command(admin, lambda: ClientSettings().url, _operator)
+cli_erasure.command(admin, base_url, _operator)
 cli_backup.command(app, _operator)
 
 

@@ -1,5 +1,5 @@
 """What a memgate keeps in its data directory besides its data: the lock that makes it the
-directory's one memgate, where its NATS listens (`run/nats.json`, for the command line), and
+directory's one memgate, where its NATS and HTTP listen (`run/*.json`, for the command line), and
 modes private to the user whatever the umask.
 
 The lock is an `flock` on `DIR/.lock`, taken by `memgate up` before anything else and held by
@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 LOCK = ".lock"
-NATS_INFO = Path("run") / "nats.json"
+RUN = "run"  # run/nats.json, run/http.json: where a running memgate listens
 # After a kill -9, how long the processes of the memgate that was killed may take to stop
 # (they drain as on Ctrl-C; ~1 s when idle) before a new `memgate up` gives up.
 ORPHANS_WAIT_S = 20.0
@@ -125,9 +125,14 @@ def _without_userinfo(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def record_nats(data_dir: Path, url: str) -> Path:
-    """Say where this memgate's NATS listens (no login in it): `DIR/run/nats.json`, 0600."""
-    path = data_dir / NATS_INFO
+def _run_file(data_dir: Path, what: str) -> Path:
+    return data_dir / RUN / f"{what}.json"
+
+
+def record(data_dir: Path, what: str, url: str) -> Path:
+    """Say where this memgate's `what` (`nats`, `http`) listens, no login in it:
+    `DIR/run/<what>.json`, 0600."""
+    path = _run_file(data_dir, what)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     written = path.with_suffix(".tmp")
     fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -137,27 +142,38 @@ def record_nats(data_dir: Path, url: str) -> Path:
     return path
 
 
-def forget_nats(data_dir: Path) -> None:
-    (data_dir / NATS_INFO).unlink(missing_ok=True)
+def forget(data_dir: Path, what: str) -> None:
+    _run_file(data_dir, what).unlink(missing_ok=True)
+
+
+def running(data_dir: Path, what: str) -> str | None:
+    """Where the `what` of the memgate running on `data_dir` listens; None if none runs (a
+    file left by a memgate that was killed says nothing: the directory's lock is free)."""
+    if not is_locked(data_dir):
+        return None
+    try:
+        url = json.loads(_run_file(data_dir, what).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def running_nats(data_dir: Path) -> str | None:
+    return running(data_dir, "nats")
 
 
 def nats_of(data_dir: Path, given: str | None = None, *, port: int = 4222) -> str:
     """The NATS a command for the memgate on `data_dir` connects to: `given` (`--nats`, or
     `MEMGATE_NATS_URL`), else where the memgate running on it said its NATS listens, else the
     embedded server's default address (`port`: `MEMGATE_NATS_PORT`)."""
-    return given or running_nats(data_dir) or f"nats://127.0.0.1:{port}"
+    return given or running(data_dir, "nats") or f"nats://127.0.0.1:{port}"
 
 
-def running_nats(data_dir: Path) -> str | None:
-    """The NATS URL of the memgate running on `data_dir`, None if none runs (or said)."""
-    if not is_locked(data_dir):
-        return None  # a file left by a memgate that was killed says nothing
-    try:
-        url = json.loads((data_dir / NATS_INFO).read_text())["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return url if isinstance(url, str) else None
+def http_of(data_dir: Path, given: str | None = None) -> str:
+    """memgate's HTTP address for a command: `given` (`--url`, `MEMGATE_URL`), else where the
+    memgate running on `data_dir` serves, else the default `http://127.0.0.1:8080`."""
+    return given or running(data_dir, "http") or "http://127.0.0.1:8080"
 
 
-__all__ = ["DataDirError", "StartRefusedError", "forget_nats", "is_locked", "lock",
-           "make_private", "nats_of", "private_files", "record_nats", "running_nats"]
+__all__ = ["DataDirError", "StartRefusedError", "forget", "http_of", "is_locked", "lock",
+           "make_private", "nats_of", "private_files", "record", "running", "running_nats"]

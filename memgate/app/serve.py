@@ -72,10 +72,17 @@ async def serve(settings: Settings) -> None:
         await serve_supervised(settings, inherit=(lock,))
 
 
-def _record_nats(settings: Settings, url: str, stack: AsyncExitStack) -> None:
-    """Where the command line finds this memgate's NATS (`memgate backup --data-dir`)."""
-    datadir.record_nats(settings.data_dir, url)
-    stack.callback(datadir.forget_nats, settings.data_dir)
+def _record(settings: Settings, nats_url: str, stack: AsyncExitStack,
+            http_port: int | None = None) -> None:
+    """Where the command line finds this memgate's NATS and HTTP (`app.datadir.running`)."""
+    host = settings.http_host
+    if host in ("0.0.0.0", "::", ""):  # every interface: this host's own address
+        host = "127.0.0.1" if host != "::" else "::1"
+    port = settings.http_port if http_port is None else http_port
+    http = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    for what, url in (("nats", nats_url), ("http", http)):
+        datadir.record(settings.data_dir, what, url)
+        stack.callback(datadir.forget, settings.data_dir, what)
 
 
 async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ()) -> None:
@@ -105,7 +112,7 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
         if authority is not None:
             await authority.sync()  # the agents' NATS logins, before the front door opens
         await supervisor.start(FRONT)
-        _record_nats(settings, bus.url, stack)
+        _record(settings, bus.url, stack, http.getsockname()[1])
         _started(settings, bus.url)
         await stop.wait()
         typer.echo("memgate: draining and stopping")
@@ -115,7 +122,7 @@ async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ())
     """Embedded nats-server (unless `--nats`), every actor, the REST adapter, in this process."""
     async with AsyncExitStack() as stack:
         bus = await start_system(settings, stack, inherit=inherit)
-        _record_nats(settings, bus.url, stack)
+        _record(settings, bus.url, stack)
         server = http_server(settings, bus)
         _started(settings, bus.url)
         loop = asyncio.get_running_loop()
