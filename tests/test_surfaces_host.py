@@ -148,6 +148,27 @@ async def test_a_supervisor_killed_outright_takes_its_processes_along_and_the_ne
           f"{healthy_after:.2f} s")
 
 
+def test_the_parent_death_signal_follows_the_thread_that_started_the_child() -> None:
+    """Why memgate starts its children from the loop thread (`bus.lifetime`): a child started
+    from a thread that exits is sent its signal then, though the process lives on."""
+    import threading
+
+    from memgate.bus.lifetime import die_with_parent
+
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen(
+        ["sleep", "60"], preexec_fn=die_with_parent())))
+    thread.start()
+    thread.join()
+    assert started[0].wait(timeout=10) == -signal.SIGTERM
+    here = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent())
+    try:
+        assert here.poll() is None  # this thread lives: so does its child
+    finally:
+        here.kill()
+        here.wait()
+
+
 @pytest.mark.timeout(180)
 async def test_a_second_memgate_up_on_a_data_directory_in_use_refuses_with_a_clear_message(
         tmp_path: Path) -> None:
