@@ -298,6 +298,26 @@ async def test_the_recall_login_reads_storage_but_may_not_remember_forget_or_pur
         await nc.close()
 
 
+async def test_no_internal_login_may_delete_purge_or_snapshot_the_event_streams(
+        memgate: Memgate) -> None:
+    from memgate.bus.logins import ROLES
+
+    for kind in (kind for kind, role in ROLES.items() if role.jetstream):
+        violations = Violations()
+        nc = await nats.connect(memgate.nats_url, error_cb=violations.callback,
+                                **memgate.bus.login(kind))
+        try:
+            for api in ("STREAM.DELETE.MEM_EVT", "STREAM.PURGE.MEM_EVT",
+                        "STREAM.MSG.DELETE.MEM_EVT", "STREAM.SNAPSHOT.MEM_EVT",
+                        "CONSUMER.DELETE.MEM_EVT.indexer-p0"):
+                subject = f"$JS.API.{api}"
+                await nc.publish(subject, b"{}")
+                await violations.wait_for(f'publish to "{subject}"')
+            assert (await nc.jetstream().stream_info("MEM_EVT")).config.name == "MEM_EVT"
+        finally:
+            await nc.close()
+
+
 async def test_a_revocation_takes_effect_for_a_governance_that_missed_its_announcement(
         memgate: Memgate) -> None:
     """A governance's principal cache that never hears `principals.changed` (it was

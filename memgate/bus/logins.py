@@ -25,6 +25,13 @@ SERVICE_REPLIES: Final = "_R_.>"
 # The JetStream API and the acknowledgements of messages a pull consumer was handed.
 JETSTREAM: Final = ("$JS.API.>", "$JS.ACK.>")
 DEAD_LETTERS: Final = subjects.dead_letter(ANY)  # where consumers record what they gave up on
+# What no kind does to a stream, though the JetStream API allows it to those that use JetStream:
+# destroy or rewrite what it holds (delete, purge, a message's deletion, a restore), copy it out
+# whole (a snapshot), or change the cluster.
+JETSTREAM_DENIED: Final = tuple(f"$JS.API.{api}" for api in (
+    "STREAM.DELETE.>", "STREAM.PURGE.>", "STREAM.MSG.DELETE.>", "STREAM.RESTORE.>",
+    "STREAM.SNAPSHOT.>", "STREAM.PEER.REMOVE.>", "STREAM.LEADER.STEPDOWN.>",
+    "CONSUMER.DELETE.>", "ACCOUNT.PURGE.>", "SERVER.REMOVE", "META.LEADER.STEPDOWN"))
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,10 @@ class Role:
         answers = {*self.callers, ADAPTER} if self.subscribe else set()  # readiness: adapter
         replies = [f"{inbox_prefix(kind)}.>" for kind in sorted(answers)]
         publish = [*self.publish, *replies, *(JETSTREAM if self.jetstream else ())]
-        return {"publish": {"allow": publish},
+        allowed: dict[str, object] = {"allow": publish}
+        if self.jetstream:
+            allowed["deny"] = list(JETSTREAM_DENIED)
+        return {"publish": allowed,
                 "subscribe": {"allow": [*self.subscribe, f"{own_inbox}.>"]},
                 "allow_responses": True}
 
