@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memgate.policy.masking import DETECTORS, iban_valid, israeli_id_valid, luhn_valid, mask
+from memgate.policy.masking import (
+    DETECTORS, iban_valid, israeli_id_valid, luhn_valid, mask, mask_many,
+)
 
 digits = st.text(alphabet="0123456789", min_size=1, max_size=20)
 pieces = st.one_of(
@@ -102,3 +105,66 @@ def test_the_counts_say_what_was_masked() -> None:
     masked = mask("a@b.io and c@d.io, 4111 1111 1111 1111")
     assert masked.counts == {"CARD": 1, "EMAIL": 2}
     assert mask("[EMAIL] [CARD]").only_placeholders
+
+
+# --- linear time (SPEC §3.2, #28 finding 6): no input makes a detector rescan what it read ---
+
+ADVERSARIAL_UNITS = [
+    "a", "1", " ", "a@", "a.", "1-", "1 ", "+1", "+12 ", "(12)", "a@b", "a@b.", "GB82 ",
+    "account ", "account 1 ", "account no. 12345678", "acct# ", "1234567890123 ",
+    "4111 1111 1111 1111", "x@y.zz ", "jane.doe@example.com", "-", ".+", "@",
+]
+PREFIXES = ["", "account", "account no.", "a@", "+", "x@y.", "GB82"]
+
+
+def _cpu_seconds(text: str) -> float:
+    """The least CPU time of three maskings (a loaded machine only ever adds to it)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        mask(text)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def _adversarial(prefix: str, unit: str, size: int) -> str:
+    return prefix + unit * (size // len(unit))
+
+
+adversarial_units = st.one_of(
+    st.sampled_from(ADVERSARIAL_UNITS),
+    st.text(alphabet="a1 .-+@#:()_%", min_size=1, max_size=8),
+    st.lists(st.sampled_from(ADVERSARIAL_UNITS), min_size=2, max_size=4).map("".join),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(PREFIXES), adversarial_units)
+def test_masking_n_characters_takes_time_linear_in_n(prefix: str, unit: str) -> None:
+    n = 25_000
+    small = _cpu_seconds(_adversarial(prefix, unit, n))
+    large = _cpu_seconds(_adversarial(prefix, unit, 4 * n))
+    # linear: 4x the text costs about 4x; quadratic would cost 16x. The floor absorbs the
+    # clock's granularity on inputs that mask in a few milliseconds.
+    assert large < 12 * max(small, 0.002), (prefix, unit, small, large)
+
+
+def test_a_megabyte_of_adversarial_text_masks_in_under_a_second() -> None:
+    for prefix, unit in [("", "a"), ("", "1"), ("account", " "), ("a@", "b"), ("", "1-"),
+                         ("", "a@"), ("", "+12 "), ("", "account no. 12345678"),
+                         ("", "x@y.zz "), ("", "4111 1111 1111 1111 ")]:
+        text = _adversarial(prefix, unit, 1_000_000)
+        start = time.process_time()
+        mask(text)
+        assert time.process_time() - start < 1.0, (prefix, unit)
+
+
+def test_a_chain_of_adjacent_account_numbers_is_masked_whole() -> None:
+    text = "account no. 12345678" * 50
+    assert mask(text).text == "account no. [BANK_ACCOUNT]" * 50
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(texts, max_size=8))
+def test_masking_many_texts_at_once_masks_each_as_alone(many: list[str]) -> None:
+    assert mask_many(many) == [mask(text).text for text in many]

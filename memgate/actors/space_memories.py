@@ -36,9 +36,9 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.internal import Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember
 from memgate.contracts.mem0 import (
-    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, ExtractRequest, Extracted, History,
-    HistoryEntry, ListMemories, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchMemories,
-    SearchResults, SpaceLlm, SpaceLlmRequest, UpdateMemory,
+    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, ExtractEvent, ExtractRequest,
+    Extracted, History, HistoryEntry, ListMemories, Mem0Memory, Mem0Message, MemoryPage, Message,
+    Ping, SearchMemories, SearchResults, SpaceLlm, SpaceLlmRequest, UpdateMemory,
 )
 from memgate.contracts.spaces import (
     AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, Permission, SpaceAccess,
@@ -78,6 +78,33 @@ def _body(model: type[B], envelope: Envelope) -> B:
     if "refusedBody" in envelope.params:
         raise ValidationFailedError("the body is not a JSON object", {"field": "body"})
     return parse(model, envelope.body)
+
+
+def _masked_lines(messages: list[Message]) -> list[str]:
+    """What the space's LLM reads: "role: content", the content masked (the role is one of
+    the four mem0 roles, checked by the contract)."""
+    return [f"{m.role}: {mask(m.content).text}" for m in messages]
+
+
+def _masked_texts(events: list[ExtractEvent]) -> list[str]:
+    return [mask(e.text).text for e in events]
+
+
+def _verbatim(messages: list[Message]) -> list[str]:
+    """The messages stored as memories without an LLM (mem0's infer=False): each of at most
+    TEXT_MAX characters, sizes checked before any is masked; system messages left out."""
+    kept = [(index, m) for index, m in enumerate(messages) if m.role != "system"]
+    for index, message in kept:
+        if len(message.content) > TEXT_MAX:
+            raise ValidationFailedError(
+                f"a message stored verbatim is at most {TEXT_MAX} characters",
+                {"field": f"messages.{index}.content"})
+    texts: list[str] = []
+    for _, message in kept:
+        masked = mask(message.content)
+        if not masked.only_placeholders:
+            texts.append(masked.text)
+    return texts
 
 
 def _int_param(envelope: Envelope, name: str, default: int, high: int) -> int:
@@ -241,19 +268,10 @@ class SpaceMemoriesActor:
         texts: list[str] = []
         if llm and body.infer is not False:
             assert access.llm_model_name and access.llm_base_url
-            lines = [f"{m.role}: {mask(m.content).text}" for m in body.messages]
+            lines = await asyncio.to_thread(_masked_lines, body.messages)  # CPU: off the loop
             texts = await self._facts(access.llm_model_name, access.llm_base_url, lines)
         else:
-            for index, message in enumerate(body.messages):
-                if message.role == "system":
-                    continue
-                if len(message.content) > TEXT_MAX:
-                    raise ValidationFailedError(
-                        f"a message stored verbatim is at most {TEXT_MAX} characters",
-                        {"field": f"messages.{index}.content"})
-                masked = mask(message.content)
-                if not masked.only_placeholders:
-                    texts.append(masked.text)
+            texts = await asyncio.to_thread(_verbatim, body.messages)
             if not texts:
                 raise AgentMemoryEmptyError("nothing is left of the messages after masking")
         if not texts:
@@ -398,7 +416,8 @@ class SpaceMemoriesActor:
             raise NotFoundError("no such memory space")
         events = sorted(request.events, key=lambda e: e.sequence_id)
         texts = await self._facts(space.llm_model_name, space.llm_base_url,
-                                  [mask(e.text).text for e in events], self._extract_timeout)
+                                  await asyncio.to_thread(_masked_texts, events),
+                                  self._extract_timeout)
         if not texts:
             return Extracted(memory_ids=[])
         entity = Entity(user_id=request.participants[0] if len(request.participants) == 1

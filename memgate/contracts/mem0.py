@@ -35,7 +35,8 @@ class _Mem0Body(Contract):
 
 
 class Message(_Mem0Body):
-    role: str = Field(default="user", min_length=1, max_length=32)
+    # The role reaches the space's LLM as it is, so it is one of four words, never free text.
+    role: Literal["user", "assistant", "system", "tool"] = "user"
     content: str = Field(min_length=1, max_length=MESSAGE_MAX)
 
 

@@ -8,12 +8,13 @@ a trigger being exactly one of `{"ttl": seconds}` (from the session's creation),
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, StrictInt, StringConstraints,
-    model_serializer, model_validator,
+    field_validator, model_serializer, model_validator,
 )
 
 from memgate.contracts.base import Contract, Instant
@@ -103,7 +104,9 @@ class Emitter(Contract):
 
 
 def _check_body(body: JsonValue) -> JsonValue:
-    """Bounded depth, walked without recursion (a hostile body cannot exhaust the stack)."""
+    """Bounded depth, walked without recursion (a hostile body cannot exhaust the stack), and
+    bounded size as sent: a body over EVENT_BODY_MAX_BYTES is refused before anything masks
+    it (masking is linear, but a refusal should cost no more than reading the body)."""
     stack: list[tuple[Any, int]] = [(body, 1)]
     while stack:
         value, depth = stack.pop()
@@ -112,6 +115,9 @@ def _check_body(body: JsonValue) -> JsonValue:
                 raise ValueError(f"the body nests deeper than {EVENT_BODY_MAX_DEPTH} levels")
             children = value.values() if isinstance(value, dict) else value
             stack += [(child, depth + 1) for child in children]
+    raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if len(raw.encode(errors="surrogatepass")) > EVENT_BODY_MAX_BYTES:
+        raise ValueError(f"at most {EVENT_BODY_MAX_BYTES} bytes of JSON")
     return body
 
 
@@ -120,10 +126,7 @@ class EventIn(Contract):
     emitter: Emitter
     event_type: Token
 
-    @model_validator(mode="after")
-    def _bounded(self) -> EventIn:
-        _check_body(self.body)
-        return self
+    _bounded = field_validator("body")(_check_body)
 
 
 class EventBatch(Contract):
@@ -140,10 +143,7 @@ class EditEvent(Contract):
     body: JsonValue
     created_at: Instant | None = None
 
-    @model_validator(mode="after")
-    def _bounded(self) -> EditEvent:
-        _check_body(self.body)
-        return self
+    _bounded = field_validator("body")(_check_body)
 
 
 class EventView(Contract):
@@ -195,7 +195,8 @@ class SpaceDeleted(Contract):
 
 
 __all__ = [
-    "EVENT_BODY_MAX_BYTES", "MAX_BATCH", "MAX_LAST_N", "MAX_STRATEGIES", "CreateSession",
+    "EVENT_BODY_MAX_BYTES", "MAX_BATCH", "MAX_LAST_N", "MAX_STRATEGIES", "OBJECT_ID",
+    "CreateSession",
     "EditEvent", "Emitter", "EventBatch", "EventIn", "EventList", "EventView", "EventsQuery",
     "ExtractEvent", "ExtractRequest", "Extracted", "LifecycleRun", "NoBody", "PatchSession",
     "SessionView", "SpaceDeleted", "Strategy", "StrategyType", "Trigger",

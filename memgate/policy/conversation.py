@@ -6,26 +6,50 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 from pydantic import JsonValue
 
 from memgate.contracts.errors import ValidationFailedError
 from memgate.contracts.sessions import EVENT_BODY_MAX_BYTES
-from memgate.policy.masking import mask
+from memgate.policy.masking import mask_many
 
 _VERSION = re.compile(r'^(?:W/)?(?:"(\d{1,15})"|(\d{1,15}))$')
 
 
-def mask_json(value: JsonValue) -> JsonValue:
-    """Every string in a JSON value masked like memory text, object keys included. Depth is
-    bounded by the contracts (`EventIn`, `EditEvent`), so recursion is safe."""
+def _strings(value: JsonValue, found: list[str]) -> None:
     if isinstance(value, str):
-        return mask(value).text
+        found.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, found)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found.append(key)
+            _strings(item, found)
+
+
+def _rebuilt(value: JsonValue, masked: Iterator[str]) -> JsonValue:
+    if isinstance(value, str):
+        return next(masked)
     if isinstance(value, list):
-        return [mask_json(item) for item in value]
+        return [_rebuilt(item, masked) for item in value]
     if isinstance(value, dict):
-        return {mask(key).text: mask_json(item) for key, item in value.items()}
+        rebuilt: dict[str, JsonValue] = {}
+        for item in value.values():
+            key = next(masked)  # keys and values in the order _strings found them
+            rebuilt[key] = _rebuilt(item, masked)
+        return rebuilt
     return value
+
+
+def mask_json(value: JsonValue) -> JsonValue:
+    """Every string in a JSON value masked like memory text, object keys included, all in one
+    masking (`mask_many`). Depth is bounded by the contracts (`EventIn`, `EditEvent`), so
+    recursion is safe."""
+    found: list[str] = []
+    _strings(value, found)
+    return _rebuilt(value, iter(mask_many(found)))
 
 
 def masked_body(body: JsonValue, field: str = "body") -> str:
