@@ -211,9 +211,13 @@ def ram_directories(data: Path) -> list[Path]:
 async def test_under_umask_022_every_file_memgate_writes_is_0600_and_every_directory_0700(
         tmp_path: Path) -> None:
     data = tmp_path / "data"
-    data.mkdir(mode=0o755)
-    (data / "left-by-an-older-memgate").write_text("x")
-    os.chmod(data / "left-by-an-older-memgate", 0o644)
+    (data / "nats").mkdir(parents=True)  # as an older memgate left them, under umask 022
+    (data / "nats" / "internal.secret").write_text("made-by-an-older-memgate")
+    (data / "users-own-notes.txt").write_text("not memgate's")
+    for path, mode in ((data, 0o755), (data / "nats", 0o755),
+                       (data / "nats" / "internal.secret", 0o644),
+                       (data / "users-own-notes.txt", 0o644)):
+        os.chmod(path, mode)
     async with memgate_up(data) as up:
         created = (await up.http.post("/api/admin/workspaces", json={"name": "acme"},
                                       headers=OPERATOR)).json()
@@ -233,7 +237,7 @@ async def test_under_umask_022_every_file_memgate_writes_is_0600_and_every_direc
     expected = {"directory.duckdb", "spaces.duckdb", "sessions.duckdb", "audit"}
     assert expected <= {path.name for path in data.iterdir()}
     assert any((data / "audit").iterdir())
-    assert modes(data) == {}
+    assert modes(data) == {"users-own-notes.txt": "0644"}  # not memgate's: left as it was
     assert ram_directories(data) and all(modes(path) == {} for path in ram_directories(data))
 
 

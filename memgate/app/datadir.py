@@ -40,16 +40,29 @@ def private_files() -> None:
     os.umask(PRIVATE_UMASK)
 
 
+# What memgate keeps at the top of a data directory (anything else there is the user's own).
+OWN_DIRECTORIES = frozenset({"audit", "keys", "nats", "partitions", RUN})
+OWN_SUFFIXES = (".duckdb", ".duckdb.wal", ".token", ".tmp")
+
+
 def make_private(data_dir: Path) -> None:
-    """Directories 0700 and files 0600 under `data_dir` (made by an older memgate, or under
-    another umask); symbolic links are neither followed nor changed."""
-    for root, dirs, files in os.walk(data_dir):
-        os.chmod(root, 0o700)
-        for name in files:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o600)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    """`data_dir` 0700, and what memgate keeps in it 0700 (directories) and 0600 (files) through,
+    whoever made it under whatever umask (an older memgate); files of the user's own in it are
+    left as they are (`data_dir` 0700 already keeps others out). Links are not followed."""
+    os.chmod(data_dir, 0o700)
+    for entry in os.scandir(data_dir):
+        if entry.is_symlink():
+            continue
+        if entry.is_dir() and entry.name in OWN_DIRECTORIES:
+            for root, dirs, files in os.walk(entry.path):
+                os.chmod(root, 0o700)
+                for name in files:
+                    path = os.path.join(root, name)
+                    if not os.path.islink(path):
+                        os.chmod(path, 0o600)
+                dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+        elif entry.is_file() and (entry.name == LOCK or entry.name.endswith(OWN_SUFFIXES)):
+            os.chmod(entry.path, 0o600)
 
 
 def _alive(pid: int) -> bool:
