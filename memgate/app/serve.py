@@ -55,7 +55,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 async def serve(settings: Settings) -> None:
     """`memgate up`: supervised processes, or one process (`single_process`), on a data
-    directory locked for them (else `datadir.DataDirError`)."""
+    directory locked for them (else `datadir.StartRefusedError`)."""
     datadir.private_files()
     if settings.nats_url is not None and settings.admin_token is None:
         # every memgate joined to one NATS must know the same operator: none is made up here
