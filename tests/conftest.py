@@ -31,6 +31,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The LLM origins the test memgate allows (none by default, the operator opts in): the `llm`
+# fixture's fake LLM, which listens on LLM_PORT, and two ports where nothing answers.
+LLM_PORT = free_port()
+LLM_ORIGINS = [f"http://127.0.0.1:{LLM_PORT}", "http://127.0.0.1:9", "http://127.0.0.1:9999"]
+
+
 @dataclass
 class Member:
     workspace_id: str
@@ -115,7 +121,8 @@ async def close_nats(nc: Any) -> None:
 
 
 def test_settings(data_dir: Path, **overrides: Any) -> Settings:
-    return Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, nats_port=-1, **overrides)
+    return Settings(**{"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "nats_port": -1,
+                       "spaces_llm_origins": LLM_ORIGINS, **overrides})
 
 
 async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
@@ -182,7 +189,7 @@ class Llm:
 async def llm() -> AsyncIterator[Llm]:
     """A small OpenAI-compatible server (`tests/llm_server.py`) in a process of its own."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.llm_server", "--port", "0", "--mode", "ok",
+        sys.executable, "-m", "tests.llm_server", "--port", str(LLM_PORT), "--mode", "ok",
         stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent)
     try:
         assert process.stdout is not None

@@ -7,13 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from memgate.app.settings import Settings
 from memgate.contracts.sessions import EVENT_BODY_MAX_BYTES
-from tests.conftest import Llm, Memgate
-from tests.test_sessions import PARTICIPANT, Space, call, new_session, new_space, ok, refused
+from tests.conftest import LLM_PORT, Llm, Memgate, run_memgate
+from tests.test_sessions import (
+    PARTICIPANT, Space, call, enable, new_session, new_space, refused,
+)
 
 
 def event(content: Any, **fields: Any) -> dict[str, Any]:
@@ -85,8 +90,73 @@ async def test_healthz_answers_promptly_while_a_mem0_add_of_long_words_is_masked
     assert max(took) < 1.0, took  # /healthz waited 5.2 s beside a 5.6 s add
 
 
-def _space(space: Space) -> str:
-    return f"/memory/spaces/{space.space_id}"
+# --- finding 8: a space's LLM only at an origin the operator allows, checked at every call ---
 
 
-__all__ = ["ok"]
+async def add(memgate: Memgate, space: Space, content: str = "I like green tea") -> httpx.Response:
+    return await memgate.http.post(f"/memory/{space.space_id}/v3/memories/add/",
+                                   json={"messages": [{"role": "user", "content": content}],
+                                         "user_id": "alex"},
+                                   headers={"Authorization": f"Token {space.owner.token}"})
+
+
+async def test_no_llm_origin_is_allowed_until_the_operator_lists_one(
+        tmp_path: Path, llm: Llm) -> None:
+    assert Settings().spaces_llm_origins == []
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, spaces_llm_origins=[])
+        owner = await memgate.workspace()
+        await enable(memgate, owner, owner)
+        for url in (llm.url, "http://localhost:8080/v1", "http://127.0.0.1:4222"):
+            response = await call(memgate, "POST", "/memory/spaces", owner.token, {
+                "description": "x", "llmModelName": "gpt-4o-mini", "llmBaseUrl": url})
+            error = refused(response, 422, "UNPROCESSABLE")
+            assert error["details"]["field"] == "llmBaseUrl"
+            assert error["details"]["allowedOrigins"] == []
+
+
+async def test_a_base_url_names_an_allowed_origin_exactly_with_nothing_but_a_path(
+        memgate: Memgate, llm: Llm) -> None:
+    owner = await memgate.workspace()
+    await enable(memgate, owner, owner)
+    root = llm.root.removeprefix("http://")
+    for url in (f"http://user:secret@{root}/v1", f"{llm.root}/admin/shutdown#",
+                f"{llm.root}/admin/reset?x=", f"{llm.root}/v1/../admin",
+                f"{llm.root}/%2e%2e/admin", f"https://{root}/v1", "http://127.0.0.1:4222/v1",
+                f"http://localhost:{LLM_PORT}/v1", f"http://{root}:/v1"):
+        response = await call(memgate, "POST", "/memory/spaces", owner.token, {
+            "description": "x", "llmModelName": "gpt-4o-mini", "llmBaseUrl": url})
+        assert refused(response, 422, "UNPROCESSABLE")["details"]["field"] == "llmBaseUrl", url
+    assert json.loads(await llm.received()) == []
+    space = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+    assert (await add(memgate, space)).status_code == 200
+    assert len(json.loads(await llm.received())) == 1
+
+
+async def test_a_space_stops_calling_an_origin_the_operator_has_removed(
+        tmp_path: Path, llm: Llm) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        space = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+        assert (await add(memgate, space)).status_code == 200
+    async with AsyncExitStack() as stack:  # the same data, the origin no longer listed
+        memgate = await run_memgate(tmp_path, stack, spaces_llm_origins=["http://127.0.0.1:9"])
+        response = await add(memgate, space)
+        assert refused(response, 422, "UNPROCESSABLE")["details"]["field"] == "llmBaseUrl"
+    assert len(json.loads(await llm.received())) == 1  # the second add asked nothing
+
+
+async def test_an_llm_failure_reads_alike_whatever_is_at_the_address(
+        memgate: Memgate, llm: Llm) -> None:
+    answers = []
+    closed = await new_space(memgate, llmModelName="gpt-4o-mini",
+                             llmBaseUrl="http://127.0.0.1:9/v1")
+    answers.append(await add(memgate, closed))
+    refusing = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+    for mode in ("5xx", "badjson"):
+        await llm.mode(mode)
+        answers.append(await add(memgate, refusing))
+    bodies = [(a.status_code, a.json()) for a in answers]
+    assert bodies[0][0] == 503 and bodies[0][1]["error"]["code"] == "UNAVAILABLE"
+    assert all(body == bodies[0] for body in bodies), bodies
+    assert "500" not in json.dumps(bodies[1][1])

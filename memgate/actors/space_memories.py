@@ -49,7 +49,7 @@ from memgate.policy.mem0 import (
     FIELDS, compile_filters, derived_from, entity_of, namespaces, query_filters,
 )
 from memgate.ports.bus import Requester
-from memgate.ports.llm import ChatModel
+from memgate.ports.llm import ChatModel, unavailable
 from memgate.ports.storage import BusStorage, Storage
 from memgate.runtime.actor import enveloped, ready_route
 from memgate.storage.directory import hash_token
@@ -245,7 +245,7 @@ class SpaceMemoriesActor:
         try:
             found = extraction.facts(answer)
         except extraction.MalformedAnswerError:
-            raise UnavailableError("the space's LLM did not answer with facts") from None
+            raise unavailable() from None  # as any other failure of the LLM reads
         texts: list[str] = []
         for fact in found:
             masked = mask(fact)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
@@ -29,6 +28,7 @@ from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, Permission,
     ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
+from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
@@ -55,12 +55,12 @@ class SpacesActor:
     name = "spaces"
 
     def __init__(self, *, path: Path, bus: Requester, partitions: int = 1,
-                 llm_models: Sequence[str], llm_hosts: Sequence[str]) -> None:
+                 llm_models: Sequence[str], llm_origins: Sequence[Origin] = ()) -> None:
         self._path = path
         self._bus = bus
         self._partitions = partitions
         self._llm_models = tuple(llm_models)
-        self._llm_hosts = frozenset(host.lower() for host in llm_hosts)
+        self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
         self._store: SpaceStore | None = None
 
@@ -190,14 +190,15 @@ class SpacesActor:
                                      {"field": "llmModelName",
                                       "allowed": list(self._llm_models)})
         if body.llm_base_url is not None:
-            parts = urlsplit(body.llm_base_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise UnprocessableError("llmBaseUrl must be an http(s) URL",
-                                         {"field": "llmBaseUrl"})
-            if parts.hostname.lower() not in self._llm_hosts:
-                raise UnprocessableError("the host of llmBaseUrl is not on the allowlist",
-                                         {"field": "llmBaseUrl",
-                                          "allowedHosts": sorted(self._llm_hosts)})
+            if not well_formed(body.llm_base_url):
+                raise UnprocessableError(
+                    "llmBaseUrl must be scheme://host[:port] with at most a path (no userinfo, "
+                    "query or fragment)", {"field": "llmBaseUrl"})
+            if not allowed(body.llm_base_url, self._llm_origins):
+                raise UnprocessableError("llmBaseUrl is not at an origin the operator allows",
+                                         {"field": "llmBaseUrl", "allowedOrigins": sorted(
+                                             f"{o.scheme}://{o.host}:{o.port}{o.path}"
+                                             for o in self._llm_origins)})
 
     async def create(self, envelope: Envelope) -> SpaceView:
         member = await self._member(hash_token(envelope.token) if envelope.token else None)

@@ -6,16 +6,17 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.ram import text_index_root
+from memgate.policy import llm_origins
 from memgate.policy.sequence import Window
 
-# Memory spaces: the models offered for fact extraction, and the hosts an llmBaseUrl may name.
+# Memory spaces: the models offered for fact extraction. The origins an llmBaseUrl may name
+# are none until the operator lists them (MEMGATE_SPACES_LLM_ORIGINS; policy/llm_origins.py).
 DEFAULT_LLM_MODELS = ("gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano", "llama3.1:8b",
                       "qwen2.5:7b-instruct")
-DEFAULT_LLM_HOSTS = ("localhost", "127.0.0.1")
 
 BUNDLED_TOKENIZER = (Path(__file__).resolve().parent.parent
                      / "embedding/models/minilm/tokenizer.json")
@@ -87,10 +88,22 @@ class Settings(BaseSettings):
     # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.
     recall_bm25_deadline_ms: int = Field(default=10_000, ge=1)
 
-    # Memory spaces (SPEC §4.1): the models a space may name for fact extraction, and the hosts
-    # its llmBaseUrl may point at (the operator's allowlist).
+    # Memory spaces (SPEC §4.1): the models a space may name for fact extraction, and the
+    # origins its llmBaseUrl may point at (the operator's allowlist: empty, none, by default),
+    # each exactly `scheme://host[:port]`, at most with a path prefix, e.g.
+    # MEMGATE_SPACES_LLM_ORIGINS='["http://127.0.0.1:11434"]'.
     spaces_llm_models: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_MODELS))
-    spaces_llm_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_LLM_HOSTS))
+    spaces_llm_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("spaces_llm_origins")
+    @classmethod
+    def _exact_origins(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            llm_origins.origin(entry)  # ValueError: not scheme://host[:port][/path]
+        return entries
+
+    def allowed_llm_origins(self) -> list[llm_origins.Origin]:
+        return [llm_origins.origin(entry) for entry in self.spaces_llm_origins]
     # Sessions (SPEC §4.3): may a lifecycle strategy use the `never` trigger; the longest ttl or
     # idle a trigger may name (2 years); how often due strategies run, and how a failed
     # extraction is retried (base delay, doubling up to the max) and how long one may take.

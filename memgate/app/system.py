@@ -121,7 +121,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         "governance": governance,
         "space-memories": lambda: SpaceMemoriesActor.on_bus(
             asks("space-memories"), partitions=settings.partitions,
-            chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s),
+            chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s,
+                          origins=settings.allowed_llm_origins()),
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         "registry": lambda: RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                                           publisher=publisher("registry")),
@@ -137,7 +138,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         "spaces": lambda: SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
                                       partitions=settings.partitions,
                                       llm_models=settings.spaces_llm_models,
-                                      llm_hosts=settings.spaces_llm_hosts),
+                                      llm_origins=settings.allowed_llm_origins()),
         "sessions": lambda: SessionsActor(
             path=data / "sessions.duckdb", bus=bus("sessions"),
             rules=Rules(never_enabled=settings.sessions_never_enabled,

@@ -2,19 +2,27 @@
 endpoint (`POST {llmBaseUrl}/chat/completions`), asked for a JSON object.
 
 Any failure of the endpoint (unreachable, timeout, a non-2xx status, an answer that is not a
-chat completion, or one too large) is an `UnavailableError`: the caller stores nothing and may
-retry later. Neither the request nor the answer is ever logged (they hold conversation text).
+chat completion, or one too large) is one and the same `UnavailableError`, with no details: the
+caller stores nothing and may retry later, and learns nothing of what is at that address (a
+closed port, a refusing one, a slow one and an upstream status all read alike). Neither the
+request nor the answer is ever logged (they hold conversation text).
+
+The base URL is checked against the operator's allowlist (`policy.llm_origins`) before every
+call, not only when the space was created: a space whose origin the operator has since removed
+gets 422 UNPROCESSABLE and no request is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import httpx
 
-from memgate.contracts.errors import UnavailableError
+from memgate.contracts.errors import UnavailableError, UnprocessableError
+from memgate.policy.llm_origins import Origin, allowed
 
 ANSWER_MAX_BYTES = 1024 * 1024
 
@@ -33,8 +41,9 @@ class HttpChat:
     """`ChatModel` over HTTP (httpx): one connection pool, a deadline per request, no
     redirects followed (the allowlisted host is the only one asked)."""
 
-    def __init__(self, *, timeout_s: float) -> None:
+    def __init__(self, *, timeout_s: float, origins: Sequence[Origin] = ()) -> None:
         self._timeout = timeout_s
+        self._origins = tuple(origins)
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
@@ -49,6 +58,9 @@ class HttpChat:
     async def complete(self, base_url: str, model: str, messages: list[dict[str, str]],
                        *, timeout_s: float | None = None) -> str:
         assert self._client is not None, "start() first"
+        if not allowed(base_url, self._origins):
+            raise UnprocessableError("the space's llmBaseUrl is not at an origin the operator "
+                                     "allows", {"field": "llmBaseUrl"})
         timeout = timeout_s or self._timeout
         url = base_url.rstrip("/") + "/chat/completions"
         body = {"model": model, "messages": messages, "temperature": 0,
@@ -57,19 +69,20 @@ class HttpChat:
             async with asyncio.timeout(timeout), \
                     self._client.stream("POST", url, json=body, timeout=timeout) as response:
                 if response.status_code // 100 != 2:
-                    raise UnavailableError("the space's LLM refused the request",
-                                           {"status": response.status_code})
+                    raise unavailable()
                 data = bytearray()
                 async for chunk in response.aiter_bytes():
                     data += chunk
                     if len(data) > ANSWER_MAX_BYTES:
-                        raise UnavailableError("the space's LLM answered too much")
-        except (httpx.TimeoutException, TimeoutError):
-            raise UnavailableError("the space's LLM did not answer in time",
-                                   {"timeoutSeconds": timeout}) from None
-        except httpx.HTTPError:
-            raise UnavailableError("the space's LLM is unreachable") from None
+                        raise unavailable()
+        except (httpx.HTTPError, TimeoutError):
+            raise unavailable() from None
         return _content(bytes(data))
+
+
+def unavailable() -> UnavailableError:
+    """The one failure a caller sees, whatever went wrong at the endpoint."""
+    return UnavailableError("the space's LLM did not give a usable answer; try again later")
 
 
 def _content(data: bytes) -> str:
@@ -77,11 +90,10 @@ def _content(data: bytes) -> str:
         answer: Any = json.loads(data)
         content = answer["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise UnavailableError("the space's LLM answered something that is not a chat "
-                               "completion") from None
+        raise unavailable() from None
     if not isinstance(content, str):
-        raise UnavailableError("the space's LLM answered no text")
+        raise unavailable()
     return content
 
 
-__all__ = ["ChatModel", "HttpChat"]
+__all__ = ["ChatModel", "HttpChat", "unavailable"]
