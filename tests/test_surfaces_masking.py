@@ -160,3 +160,65 @@ async def test_an_llm_failure_reads_alike_whatever_is_at_the_address(
     assert bodies[0][0] == 503 and bodies[0][1]["error"]["code"] == "UNAVAILABLE"
     assert all(body == bodies[0] for body in bodies), bodies
     assert "500" not in json.dumps(bodies[1][1])
+
+
+# --- finding 7: every free-text field masked or refused ---
+
+EMAIL = "jane.roe@example.com"
+PHONE = "415-555-0100"
+CARD = "4111-1111-1111-1111"
+
+
+async def test_a_spaces_description_is_masked_before_it_is_stored(memgate: Memgate) -> None:
+    space = await new_space(memgate, description=f"bot for {EMAIL}, {PHONE}, card {CARD}")
+    masked = "bot for [EMAIL], [PHONE], card [CARD]"
+    shown = await memgate.ok("GET", f"/memory/spaces/{space.space_id}", space.owner.token)
+    assert shown["description"] == masked
+    listed = await memgate.ok("GET", "/memory/spaces", space.owner.token)
+    assert [s["description"] for s in listed["spaces"]] == [masked]
+    for path in memgate.settings.data_dir.glob("spaces.duckdb*"):
+        data = path.read_bytes()
+        assert EMAIL.encode() not in data and CARD.encode() not in data, path
+
+
+async def test_personal_data_in_an_emitter_id_or_event_type_is_refused(
+        memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    events = f"{space.sessions}/{session['id']}/events"
+    one = event("hello", emitter={"type": "user", "id": CARD})
+    error = refused(await call(memgate, "POST", events, space.owner.token, one), 400,
+                    "AGENT_MEMORY_PERSONAL_DATA")
+    assert error["details"]["field"] == "emitter.id"
+    error = refused(await call(memgate, "POST", events, space.owner.token,
+                               event("hello", eventType=PHONE)),
+                    400, "AGENT_MEMORY_PERSONAL_DATA")
+    assert error["details"]["field"] == "eventType"
+    batch = {"events": [event("fine"), event("hello", emitter={"type": PHONE, "id": "bot"})]}
+    error = refused(await call(memgate, "POST", events, space.owner.token, batch), 400,
+                    "AGENT_MEMORY_PERSONAL_DATA")
+    assert error["details"]["field"] == "events.1.emitter.type"
+    listed = await memgate.ok("GET", f"{events}?lastN=20", space.owner.token)
+    assert listed["events"] == []  # all or none: nothing was stored
+    # a participant's ObjectId (18 digits in a row in this one) is an id, not a number
+    stored = await memgate.ok("POST", events, space.owner.token, event("hello"))
+    assert stored["emitter"] == {"type": "user", "id": PARTICIPANT}
+
+
+async def test_a_mem0_message_role_is_one_of_the_four_roles(memgate: Memgate, llm: Llm) -> None:
+    space = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+    response = await memgate.http.post(
+        f"/memory/{space.space_id}/v3/memories/add/",
+        json={"messages": [{"role": EMAIL, "content": "I like green tea"}], "user_id": "alex"},
+        headers={"Authorization": f"Token {space.owner.token}"})
+    error = refused(response, 400, "VALIDATION_ERROR")
+    assert error["details"]["problems"][0]["field"] == "messages.0.role"
+    assert json.loads(await llm.received()) == []  # the LLM saw nothing
+    for role in ("user", "assistant", "system", "tool"):
+        response = await memgate.http.post(
+            f"/memory/{space.space_id}/v3/memories/add/",
+            json={"messages": [{"role": role, "content": "I like green tea"}],
+                  "user_id": "alex"},
+            headers={"Authorization": f"Token {space.owner.token}"})
+        assert response.status_code == 200, (role, response.text)
+    assert EMAIL not in await llm.received()

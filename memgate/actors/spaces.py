@@ -29,6 +29,7 @@ from memgate.contracts.spaces import (
     ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
 from memgate.policy.llm_origins import Origin, allowed, well_formed
+from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
@@ -204,8 +205,10 @@ class SpacesActor:
         member = await self._member(hash_token(envelope.token) if envelope.token else None)
         body = parse(CreateSpace, envelope.body)
         self._check_llm(body)
+        # free text, shown to every member the space is shared with: masked like memory text
         space = await self._serial(self.store.create, member.workspace_id, member.member_id,
-                                   body.description, body.llm_model_name, body.llm_base_url)
+                                   mask(body.description).text, body.llm_model_name,
+                                   body.llm_base_url)
         return _view(space, SpaceRole.OWNER)
 
     async def get(self, envelope: Envelope) -> SpaceView:
