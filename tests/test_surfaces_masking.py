@@ -222,3 +222,13 @@ async def test_a_mem0_message_role_is_one_of_the_four_roles(memgate: Memgate, ll
             headers={"Authorization": f"Token {space.owner.token}"})
         assert response.status_code == 200, (role, response.text)
     assert EMAIL not in await llm.received()
+
+
+async def test_a_lone_surrogate_in_a_body_is_refused_with_400_not_a_500(memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    for path in (f"/memory/{space.space_id}/v3/memories/search/", "/memory/spaces"):
+        response = await memgate.http.post(
+            path, content=b'{"query": "\\ud800", "description": "\\ud800"}',
+            headers={"Authorization": f"Token {space.owner.token}",
+                     "Content-Type": "application/json"})
+        refused(response, 400, "VALIDATION_ERROR")

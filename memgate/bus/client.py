@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import nats
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 from nats.aio.client import Client as NatsConnection
 from nats.errors import MaxPayloadError, NoRespondersError
 
@@ -22,7 +23,9 @@ from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
 )
-from memgate.contracts.errors import PayloadTooLargeError, UnavailableError
+from memgate.contracts.errors import (
+    PayloadTooLargeError, UnavailableError, ValidationFailedError,
+)
 
 T = TypeVar("T", bound=Contract)
 log = logging.getLogger("memgate.bus")
@@ -120,7 +123,13 @@ class BusClient:
         data = body if isinstance(body, dict) else body.model_dump(
             mode="json", by_alias=True, exclude_none=True)
         envelope = Envelope(token=token, body=data, params=params or {})
-        return await self.request(subject, envelope, result_type)
+        try:
+            payload = envelope.to_json()
+        except PydanticSerializationError:  # a lone surrogate ("\ud800" in JSON): not UTF-8
+            raise ValidationFailedError("the request is not valid", {"problems": [
+                {"field": "body", "problem": "must be Unicode text (no lone surrogates)"}]},
+            ) from None
+        return await self.request(subject, payload, result_type)
 
 
 class MemgateClient:
