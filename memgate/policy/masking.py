@@ -20,17 +20,19 @@ from dataclasses import dataclass
 Check = Callable[[str], bool]
 
 
+_NON_DIGIT = re.compile(r"\D")
+_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # a Luhn digit doubled, its digits summed
+
+
 def _digits(text: str) -> str:
-    return re.sub(r"\D", "", text)
+    return _NON_DIGIT.sub("", text)
 
 
 def luhn_valid(number: str) -> bool:
-    digits = [int(d) for d in _digits(number)]
-    total = 0
-    for i, digit in enumerate(reversed(digits)):
-        if i % 2:
-            digit = digit * 2 - 9 if digit > 4 else digit * 2
-        total += digit
+    digits = _digits(number)
+    if not digits.isascii():  # other scripts' digits, as their values
+        digits = "".join(str(int(d)) for d in digits)
+    total = sum(map(int, digits[-1::-2])) + sum(_DOUBLED[int(d)] for d in digits[-2::-2])
     return total % 10 == 0
 
 
