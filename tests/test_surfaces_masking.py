@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import httpx
 
 from memgate.app.settings import Settings
@@ -232,3 +233,21 @@ async def test_a_lone_surrogate_in_a_body_is_refused_with_400_not_a_500(memgate:
             headers={"Authorization": f"Token {space.owner.token}",
                      "Content-Type": "application/json"})
         refused(response, 400, "VALIDATION_ERROR")
+
+
+async def test_a_password_stored_in_an_older_spaces_llm_url_is_never_shown(
+        tmp_path: Path, llm: Llm) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        space = await new_space(memgate, llmModelName="gpt-4o-mini", llmBaseUrl=llm.url)
+    root = llm.url.removeprefix("http://")
+    with duckdb.connect(str(memgate.settings.data_dir / "spaces.duckdb")) as db:  # as before
+        db.execute("UPDATE spaces SET llm_base_url = ? WHERE space_id = ?",
+                   [f"http://user:secret@{root}", space.space_id])
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        shown = await memgate.ok("GET", f"/memory/spaces/{space.space_id}", space.owner.token)
+        assert shown["llmBaseUrl"] == llm.url
+        response = await add(memgate, space)  # and it is not called with it
+        assert refused(response, 422, "UNPROCESSABLE")["details"]["field"] == "llmBaseUrl"
+    assert json.loads(await llm.received()) == []

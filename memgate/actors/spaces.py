@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
@@ -40,9 +41,19 @@ def space_owner(space_id: str) -> str:
     return f"space-{space_id}"
 
 
+def _shown(url: str | None) -> str | None:
+    """A space's llmBaseUrl as members see it: never with userinfo (a space stored before
+    userinfo was refused may still hold a password there)."""
+    if url is None or well_formed(url):
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _view(space: SpaceRow, role: SpaceRole) -> SpaceView:
     return SpaceView(id=space.space_id, description=space.description,
-                     llm_model_name=space.llm_model_name, llm_base_url=space.llm_base_url,
+                     llm_model_name=space.llm_model_name,
+                     llm_base_url=_shown(space.llm_base_url),
                      permissions=role.permissions,
                      rbac_resource_id=f"memgate:{space.workspace_id}:space:{space.space_id}")
 
