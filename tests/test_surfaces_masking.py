@@ -251,3 +251,16 @@ async def test_a_password_stored_in_an_older_spaces_llm_url_is_never_shown(
         response = await add(memgate, space)  # and it is not called with it
         assert refused(response, 422, "UNPROCESSABLE")["details"]["field"] == "llmBaseUrl"
     assert json.loads(await llm.received()) == []
+
+
+async def test_an_older_spaces_raw_description_is_shown_masked(tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        space = await new_space(memgate)
+    with duckdb.connect(str(memgate.settings.data_dir / "spaces.duckdb")) as db:  # as before
+        db.execute("UPDATE spaces SET description = ? WHERE space_id = ?",
+                   [f"bot for {EMAIL}", space.space_id])
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        shown = await memgate.ok("GET", f"/memory/spaces/{space.space_id}", space.owner.token)
+        assert shown["description"] == "bot for [EMAIL]"

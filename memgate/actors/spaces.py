@@ -51,7 +51,8 @@ def _shown(url: str | None) -> str | None:
 
 
 def _view(space: SpaceRow, role: SpaceRole) -> SpaceView:
-    return SpaceView(id=space.space_id, description=space.description,
+    # masked when stored; masked again when shown, for spaces stored before that (idempotent)
+    return SpaceView(id=space.space_id, description=mask(space.description).text,
                      llm_model_name=space.llm_model_name,
                      llm_base_url=_shown(space.llm_base_url),
                      permissions=role.permissions,
