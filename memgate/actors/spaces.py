@@ -17,8 +17,8 @@ from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.errors import (
-    ForbiddenError, MemorySpacesDisabledError, NotFoundError, UnauthenticatedError,
-    UnprocessableError,
+    ForbiddenError, MemorySpacesDisabledError, NonRetainingWorkspaceError, NotFoundError,
+    UnauthenticatedError, UnprocessableError,
 )
 from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge
@@ -111,11 +111,14 @@ class SpacesActor:
     # --- who is calling ---
 
     async def _member(self, token_hash: str | None) -> MemberPrincipal:
-        """The caller, with the memory-space flag on (SPEC §4.1: all or nothing)."""
+        """The caller, with the memory-space flag on (SPEC §4.1: all or nothing), in a workspace
+        that keeps history: every space route (sessions, events and mem0 ask `access`) is one."""
         if not token_hash:
             raise UnauthenticatedError("a member token is required")
         member = await self._bus.request(subjects.DIRECTORY_MEMBER,
                                          MemberRequest(token_hash=token_hash), MemberPrincipal)
+        if member.settings.non_retaining:
+            raise NonRetainingWorkspaceError("this workspace keeps no history")
         if not member.memory_spaces_enabled:
             raise MemorySpacesDisabledError("memory spaces are not enabled for this member")
         return member
