@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from memgate.actors.spaces import space_owner
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Envelope, Memory, RecallResult, RememberResult
 from memgate.contracts.base import ID_MAX
@@ -34,7 +33,9 @@ from memgate.contracts.errors import (
     AgentMemoryEmptyError, ForbiddenError, MemgateError, NotFoundError, UnauthenticatedError,
     UnavailableError, UnprocessableError, ValidationFailedError,
 )
-from memgate.contracts.internal import Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember
+from memgate.contracts.internal import (
+    Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, space_owner,
+)
 from memgate.contracts.mem0 import (
     PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, ExtractEvent, ExtractRequest,
     Extracted, History, HistoryEntry, ListMemories, Mem0Memory, Mem0Message, MemoryPage, Message,

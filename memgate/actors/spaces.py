@@ -21,7 +21,7 @@ from memgate.contracts.errors import (
     UnauthenticatedError, UnprocessableError,
 )
 from memgate.contracts.erasure import SubjectTarget
-from memgate.contracts.internal import StorePurge
+from memgate.contracts.internal import StorePurge, space_owner
 from memgate.contracts.sessions import SpaceDeleted
 from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
 from memgate.contracts.memory import ForgetResult
@@ -35,11 +35,6 @@ from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
 from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
-
-def space_owner(space_id: str) -> str:
-    """The subject id under which a space's mem0 memories are stored (one index per space)."""
-    return f"space-{space_id}"
-
 
 def _shown(url: str | None) -> str | None:
     """A space's llmBaseUrl as members see it: never with userinfo (a space stored before

@@ -38,8 +38,9 @@ from memgate.contracts.events import (
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters, RecallScope, Rows,
-    RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts, TextsRequest,
+    SPACE_OWNER_PREFIX, CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters,
+    RecallScope, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
+    TextsRequest,
 )
 from memgate.contracts.internal import Reaped, StoreReap
 from memgate.storage import (
@@ -323,11 +324,14 @@ class StorageActor:
             self._relay.wake()
 
     async def purge(self, payload: bytes) -> ForgetResult:
-        """Delete without reading: a member's own memories (all, or some ids), or a whole
-        workspace's (the owner's bulk delete, SPEC §2.3). Only a count comes back."""
+        """Delete without reading: a member's own memories (all, or some ids), a space's, or
+        every member's agent memories (the owner's bulk delete, SPEC §2.3: members' memory-space
+        memories are not the owner's to delete). Only a count comes back."""
         command = parse(StorePurge, payload)
+        everyone = SPACE_OWNER_PREFIX if command.subject_id is None else None
         deleted = await self._serial(lambda: self._delete(
-            command.tenant, command.subject_id, memory_ids=command.memory_ids))
+            command.tenant, command.subject_id, memory_ids=command.memory_ids,
+            not_owner_prefix=everyone))
         self._relay.wake()
         return ForgetResult(deleted=len(deleted))
 

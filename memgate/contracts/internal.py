@@ -12,6 +12,14 @@ from memgate.contracts.memory import Memory
 from memgate.contracts.registry import Citation
 
 
+SPACE_OWNER_PREFIX = "space-"  # a space's memories are stored under the owner space-<spaceId>
+
+
+def space_owner(space_id: str) -> str:
+    """The subject id under which a space's mem0 memories are stored (one index per space)."""
+    return f"{SPACE_OWNER_PREFIX}{space_id}"
+
+
 class Owner(Contract):
     """Whose memories: the tenant (workspace) and the subject (the member who owns them).
 
@@ -60,7 +68,7 @@ class StoreForget(Contract):
 
 class StorePurge(Contract):
     tenant: str
-    subject_id: str | None = None  # None: every member of the workspace
+    subject_id: str | None = None  # None: every member's agent memories, never a space's
     memory_ids: list[str] | None = Field(default=None, max_length=1000)  # None: all
 
 

@@ -336,12 +336,15 @@ class MemoryStore(MemoryReads):
                memory_ids: list[str] | None = None,
                collection_ids: tuple[str, ...] | None = None,
                namespaces: list[str] | None = None,
-               cited_documents: list[str] | None = None, event_subject: str,
-               event: Callable[[str, list[str]], bytes]) -> list[str]:
+               cited_documents: list[str] | None = None, not_owner_prefix: str | None = None,
+               event_subject: str, event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
         except those on legal hold; one event per owner, in the same transaction."""
         clauses = ["tenant = ?", "legal_hold = false"]
         params: list[Any] = [tenant]
+        if not_owner_prefix is not None:
+            clauses.append("NOT starts_with(subject_id, ?)")
+            params.append(not_owner_prefix)
         for column, value in (("subject_id", subject_id), ("memory_id", memory_id),
                               ("namespace", namespace), ("key", key)):
             if value is not None:
