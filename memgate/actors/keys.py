@@ -28,6 +28,7 @@ import duckdb
 
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Envelope
+from memgate.contracts.base import canonical_id
 from memgate.contracts.backup import (
     AuditAppend, AuditAppended, BackupBegin, BackupEnd, BackupLines, BackupManifest, BackupPage,
     DumpBegin, DumpPage, DumpRows, DumpTables,
@@ -141,6 +142,8 @@ class KeysActor:
         namespace that held them (`owners`); counted, or erased (crypto-shredding)."""
         target = parse(SubjectTarget, payload)
         names = [target.member_id] if target.member_id is not None else []
+        if target.external_id is not None:  # a participant's sessions and events
+            names.append(canonical_id(target.external_id))
         names += [backup.memory_subject(owner, namespace)
                   for owner, namespaces in target.owners.items() for namespace in namespaces]
 

@@ -32,6 +32,7 @@ from typing import Any
 from memgate.actors.keys import dump_route
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts import Contract, Done, Envelope
+from memgate.contracts.base import canonical_id
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.errors import (
     ForbiddenError, NotFoundError, PreconditionFailedError, UnauthenticatedError,
@@ -219,7 +220,7 @@ class SessionsActor:
         strategies = (lifecycle.default_strategies() if body.lifecycle_strategies is None
                       else lifecycle.validate(body.lifecycle_strategies, rules=self._rules,
                                               has_llm=access.llm_model_name is not None))
-        participants = list(dict.fromkeys(p.lower() for p in body.participants))
+        participants = list(dict.fromkeys(canonical_id(p) for p in body.participants))
         now = self._clock()
         expires = lifecycle.hidden_at(strategies, created_at=now, last_event_at=None)
         row = await self._serial(self.store.create, access.space_id, access.workspace_id,
@@ -375,7 +376,7 @@ class SessionsActor:
         target = parse(SubjectTarget, payload)
         if target.external_id is None:
             return SubjectCount(count=0)
-        subject_id = target.external_id.lower()
+        subject_id = canonical_id(target.external_id)
         operation = self.store.erase_subject if target.erase else self.store.of_subject
         records = await self._serial(operation, target.tenant, subject_id)
         await self._compacted()

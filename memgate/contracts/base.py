@@ -27,6 +27,14 @@ class Contract(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
+def canonical_id(value: str) -> str:
+    """The one spelling of a person's external id, stored and looked up alike: an ObjectId
+    (24 hex digits, a conversation participant) in lower case; any other id as given."""
+    if len(value) == 24 and all(c in "0123456789abcdefABCDEF" for c in value):
+        return value.lower()
+    return value
+
+
 def as_utc(value: datetime | None) -> datetime | None:
     """Naive instants are read as UTC; aware ones are converted to UTC."""
     if value is None:
@@ -48,4 +56,5 @@ def in_range(value: datetime) -> datetime:
 Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX)]
 Instant = Annotated[datetime, AfterValidator(in_range)]
 
-__all__ = ["EARLIEST", "ID_MAX", "LATEST", "Contract", "Id", "Instant", "as_utc", "in_range"]
+__all__ = ["EARLIEST", "ID_MAX", "LATEST", "Contract", "Id", "Instant", "as_utc", "canonical_id",
+           "in_range"]

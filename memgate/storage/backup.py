@@ -34,6 +34,7 @@ from typing import Any
 
 import duckdb
 
+from memgate.contracts.internal import SPACE_OWNER_PREFIX, space_owner
 from memgate.storage.keys import KeyErasedError, KeyStore, Sealed
 
 FORMAT = 1
@@ -46,9 +47,10 @@ Row = dict[str, Any]
 
 def memory_subject(subject_id: str, namespace: str) -> str:
     """Whose key seals a memory: its member (`mb_…`), or, for a memory space's memory (owner
-    `sp_…`), the end user behind the namespace (`sp_…/<namespace>`), so that erasing one end
-    user shreds their memories and no one else's in the space."""
-    return f"{subject_id}/{namespace}" if subject_id.startswith("sp_") else subject_id
+    `space-sp_…`), the end user behind the namespace (`space-sp_…/<namespace>`), so that
+    erasing one end user shreds their memories, and their entity row, and no one else's."""
+    return (f"{subject_id}/{namespace}" if subject_id.startswith(SPACE_OWNER_PREFIX)
+            else subject_id)
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,16 @@ def _spaces() -> SourceSpec:
                                      record=lambda r: f"{r['space_id']}/{r['member_id']}",
                                      tenant="space_id")),
         TableSpec("entities", Personal(
-            subjects=lambda r: [memory_subject(str(r["space_id"]), str(r["namespace"]))],
+            subjects=lambda r: [memory_subject(space_owner(str(r["space_id"])),
+                                               str(r["namespace"]))],
             record=lambda r: f"{r['space_id']}/{r['namespace']}", tenant="space_id"))))
 
 
 def _sessions() -> SourceSpec:
     """Conversation logs (layer 3): each session and event sealed under all its participants'
-    keys (erasing any one of them shreds it). The sessions actor answers the dump of a running
-    instance when it registers `dump_route` (see actors/keys.py)."""
+    keys (erasing any one of them shreds it; the keys actor erases `canonical_id(externalId)`).
+    The sessions actor answers the dump of a running instance when it registers `dump_route`
+    (see actors/keys.py)."""
     participants = Personal(subjects=lambda r: [str(s) for s in r["subject_ids"]],
                             record=lambda r: f"{r['session_id']}/{r.get('sequence_id', '')}")
     return SourceSpec("sessions", "sessions.duckdb", (

@@ -13,6 +13,7 @@ from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memgate.contracts.base import canonical_id
 from memgate.storage import compaction
 from memgate.storage.directory import new_id
 from memgate.storage.transaction import transaction
@@ -145,7 +146,8 @@ class SpaceStore:
         """Every entity naming this end user in the workspace's spaces (an erasure's subject)."""
         return [entity for space in self._spaces.values() if space.workspace_id == workspace_id
                 for entity in self._entities.get(space.space_id, {}).values()
-                if entity.user_id == user_id]
+                if entity.user_id is not None
+                and canonical_id(entity.user_id) == canonical_id(user_id)]
 
     def forget_entities(self, entities: list[EntityRow]) -> None:
         """Delete these entities: their namespaces no longer lead to anyone."""
