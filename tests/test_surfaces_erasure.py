@@ -4,16 +4,18 @@ an id however it is spelled."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Memgate, run_memgate
+from tests.conftest import Llm, Memgate, run_memgate
 from tests.test_backup import ok
 from tests.test_erased_bytes import canary, hits, needles
 from tests.test_erasure import erase
+from tests.test_mem0 import new_space
 from tests.test_spaces import enable, space_of
 
 USER = "64b7f0c2a1b2c3d4e5f607aa"  # an end user of the space, and a conversation participant
@@ -61,3 +63,30 @@ async def test_erasing_one_end_user_of_a_space_shreds_them_and_no_one_else_in_a_
         found = await again.ok("POST", f"/memory/{space}/v3/memories/", owner.token,
                                {"filters": {"user_id": OTHER}})
         assert [m["memory"] for m in found["results"]] == [f"my favourite word is {kept}"]
+
+
+async def test_a_memory_extracted_from_a_two_person_conversation_goes_with_either_participant(
+        tmp_path: Path, llm: Llm) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        space = await new_space(memgate, llm)
+        owner = space.owner
+        session = await memgate.ok("POST", f"/memory/{space.id}/sessions", owner.token,
+                                   {"participants": [USER, OTHER]})
+        fact = canary()
+        nc = await memgate.internal("sessions")  # what extract_memories sends when it falls due
+        reply = await nc.request("mem.int.spacemem.extract", json.dumps({
+            "spaceId": space.id, "workspaceId": owner.workspace_id, "sessionId": session["id"],
+            "participants": [USER, OTHER],
+            "events": [{"sequenceId": 0, "text": f"user: my code word is {fact}"}]}).encode(),
+            timeout=10)
+        assert len(json.loads(reply.data)["result"]["memoryIds"]) == 1
+        runs = {"filters": {"run_id": session["id"]}}
+        listed = await memgate.ok("POST", f"/memory/{space.id}/v3/memories/", owner.token, runs)
+        assert [m["memory"] for m in listed["results"]] == [f"my code word is {fact}"]
+
+        result = await erase(memgate, {"externalId": OTHER}, owner.workspace_id)
+        assert result["discovered"]["discovery"]["memory_store"] == 1
+        listed = await memgate.ok("POST", f"/memory/{space.id}/v3/memories/", owner.token, runs)
+        assert listed["results"] == []
+        assert hits(memgate.settings.data_dir, needles(fact)) == []

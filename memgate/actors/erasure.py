@@ -195,10 +195,13 @@ class ErasureActor:
                                external_id=row.external_id, erase=erase)
         if row.external_id is None:
             return target
-        found = await self._bus.request(subjects.spaces_internal("subject"),
-                                        target.model_copy(update={"erase": False}),
+        counting = target.model_copy(update={"erase": False})
+        found = await self._bus.request(subjects.spaces_internal("subject"), counting,
                                         SubjectTarget)
-        return target.model_copy(update={"owners": found.owners})
+        logs = await self._bus.request(subjects.sessions_internal("subject"), counting,
+                                       SubjectCount)
+        return target.model_copy(update={"owners": found.owners,
+                                         "derived_from": logs.record_ids})
 
     async def _sweep(self, row: RequestRow, *, erase: bool, holds: list[str],
                      done: Callable[[str, int, list[str]], Awaitable[None]] | None = None,

@@ -343,9 +343,16 @@ class StorageActor:
                   else dict(target.owners))
 
         def sweep() -> dict[str, list[str]]:
-            return {owner: self._delete(target.tenant, owner, namespaces=namespaces)
-                    if target.erase else self.store.held_by(target.tenant, owner, namespaces)
-                    for owner, namespaces in owners.items()}
+            found = {owner: self._delete(target.tenant, owner, namespaces=namespaces)
+                     if target.erase else self.store.held_by(target.tenant, owner, namespaces)
+                     for owner, namespaces in owners.items()}
+            # what was extracted from the subject's conversations, whoever else took part
+            derived = self.store.derived_from_any(target.tenant, target.derived_from)
+            for owner, ids in derived.items():
+                more = (self._delete(target.tenant, owner, memory_ids=ids) if target.erase
+                        else ids)
+                found[owner] = list(dict.fromkeys([*found.get(owner, []), *more]))
+            return found
 
         by_owner = await self._serial(sweep)
         if target.erase:

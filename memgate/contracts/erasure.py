@@ -104,6 +104,9 @@ class SubjectTarget(Contract):
     member_id: str | None = None
     external_id: str | None = None
     owners: dict[str, list[str]] = Field(default_factory=dict)
+    # the conversation-log records about the subject (`<sessionId>/<sequenceId>`): what was
+    # derived from them (memories extracted from their sessions) goes with them, SPEC §5.2
+    derived_from: list[str] = Field(default_factory=list)
     erase: bool = False  # False: only count (discovery)
 
 

@@ -169,6 +169,21 @@ class MemoryReads:
             params.append(namespaces)
         return [row[0] for row in self._db.execute(sql, params).fetchall()]
 
+    def derived_from_any(self, tenant: str, records: list[str]) -> dict[str, list[str]]:
+        """Owner → the ids of the versions derived from any of the sessions of `records`
+        (`<sessionId>` or `<sessionId>/<sequenceId>`; legal holds excluded): what a
+        participant's erasure takes with their conversations."""
+        sessions = sorted({record.split("/", 1)[0] for record in records})
+        if not sessions:
+            return {}
+        found: dict[str, list[str]] = {}
+        for owner, memory_id in self._db.execute(
+                "SELECT subject_id, memory_id FROM memories WHERE tenant = ? AND "
+                "legal_hold = false AND list_has_any(list_transform(derived_from, lambda x: "
+                "split_part(x, '/', 1)), ?) ORDER BY seq", [tenant, sessions]).fetchall():
+            found.setdefault(owner, []).append(memory_id)
+        return found
+
     def texts(self, tenant: str, subject_id: str,
               memory_ids: list[str] | None) -> list[tuple[str, str]]:
         """(id, masked text) of the owner's versions (those of `memory_ids` that exist), in
