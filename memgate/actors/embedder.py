@@ -27,6 +27,7 @@ import numpy as np
 
 from memgate.bus import NatsRouter, parse, replying, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
+from memgate.contracts.errors import UnavailableError
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, OwnedText, Owner, Ranking, RankRequest, Texts, TextsRequest,
@@ -68,6 +69,8 @@ class EmbedderActor:
         self._batcher: Batcher | None = None
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # versions being embedded now → done when their vectors are set (or the try failed)
+        self._embedding: dict[str, asyncio.Future[None]] = {}
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
 
@@ -146,7 +149,21 @@ class EmbedderActor:
         from storage), in one hop to the model thread and one transaction: under load a batch
         of events spans many owners, and a hop and a transaction per owner would cost more."""
         wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
-                  if (missing := catalog.unembedded())}
+                  if (missing := [i for i in catalog.unembedded() if i not in self._embedding])}
+        if not wanted:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        claimed = [i for _, missing in wanted.values() for i in missing]
+        self._embedding.update(dict.fromkeys(claimed, done))
+        try:
+            await self._embed(wanted, at_hand)
+        finally:
+            for memory_id in claimed:
+                self._embedding.pop(memory_id, None)
+            done.set_result(None)
+
+    async def _embed(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
+                     at_hand: dict[Owner, dict[str, str]]) -> None:
 
         async def texts(owner: Owner, missing: list[str]) -> list[OwnedText]:
             held = at_hand.get(owner, {})
@@ -206,12 +223,26 @@ class EmbedderActor:
         if self.vectors.deletions_pending:
             await self._compactions.after_deletion()
 
+    async def _embedded(self, owner: Owner, catalog: Catalog) -> None:
+        """Read-your-writes by meaning (SPEC §3.5): every version the catalog holds has its
+        vector before it is ranked; those not yet embedded are embedded now (or awaited, when
+        the events are embedding them). The recall's deadline bounds the wait: past it the
+        answer says `degraded: ["cosine"]`, never that it is complete without them."""
+        if not catalog.unembedded():
+            return
+        waiting = {self._embedding[i] for i in catalog.unembedded() if i in self._embedding}
+        await self.embed_missing({owner: catalog}, {})
+        await asyncio.gather(*waiting)
+        if catalog.unembedded():  # an embedding failed: no ranking that claims to be complete
+            raise UnavailableError("some memories are not embedded yet")
+
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its
         vector when the caller sends one, else the query embedded here)."""
         request = parse(RankRequest, payload)
         assert self._batcher is not None
         catalog = await self.catch_up(request.filters.owner, request.min_seq)
+        await self._embedded(request.filters.owner, catalog)
         if request.vector is not None:
             query = np.asarray(request.vector, dtype=np.float32)
         else:

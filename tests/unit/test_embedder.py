@@ -85,11 +85,15 @@ async def test_memories_are_embedded_at_a_lower_priority_than_commands_are_serve
     assert niceness and niceness[0] == min(here + BACKGROUND_NICE, 19)
 
 
-async def test_only_memories_with_vectors_are_ranked(world: World) -> None:
+async def test_a_memory_whose_event_has_not_come_is_embedded_when_ranked_and_only_once(
+        world: World) -> None:
     del world.texts["b"], world.texts["c"]
     await world.stored("a")
     world.texts["b"] = "budget lunch"  # remembered; its event has not come yet
-    assert await world.rank("budget", min_seq=2) == ["a"]
+    assert sorted(await world.rank("budget", min_seq=2)) == ["a", "b"]
+    embedded = sum(len(call) for call in world.model.calls)
+    await world.stored("a", "b")
+    assert sum(len(call) for call in world.model.calls) == embedded
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
