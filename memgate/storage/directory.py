@@ -15,7 +15,7 @@ from pathlib import Path
 from memgate.storage import compaction
 from memgate.storage.transaction import transaction
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspaces (
     workspace_id VARCHAR NOT NULL, name VARCHAR NOT NULL, non_retaining BOOLEAN NOT NULL,
     agent_memories_enabled BOOLEAN NOT NULL, retention_days INTEGER NOT NULL
@@ -87,7 +87,7 @@ class DirectoryStore:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._db = compaction.open_owned(path, _SCHEMA)
+        self._db = compaction.open_owned(path, SCHEMA)
         self._workspaces = {row[0]: WorkspaceRow(*row) for row in
                             self._db.execute("SELECT * FROM workspaces").fetchall()}
         self._members = {row[0]: MemberRow(*row) for row in

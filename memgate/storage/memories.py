@@ -20,7 +20,7 @@ from memgate.storage.memory_reads import MemoryReads
 from memgate.storage.recent import Recent, Version
 from memgate.storage.transaction import transaction
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
     memory_id      VARCHAR   NOT NULL,
     seq            BIGINT    NOT NULL,
@@ -110,7 +110,7 @@ class MemoryStore(MemoryReads):
         self._event_subject, self._stored_event = event_subject, stored_event
         self._path = path
         self._db = compaction.connect(path)
-        self._db.execute(_SCHEMA)
+        self._db.execute(SCHEMA)
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
                          "DEFAULT '[]'")  # data directories from before citations
         highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")

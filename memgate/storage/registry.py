@@ -19,7 +19,7 @@ import duckdb
 from memgate.storage import outbox
 from memgate.storage.transaction import transaction
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     workspace_id VARCHAR NOT NULL, collection_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
     deleted BOOLEAN NOT NULL
@@ -83,7 +83,7 @@ class RegistryStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))
-        self._db.execute(_SCHEMA)
+        self._db.execute(SCHEMA)
         outbox.create(self._db)
         self._workspaces: dict[str, Workspace] = {}
         db = self._db

@@ -24,7 +24,7 @@ from memgate.storage.directory import new_id
 
 CLASSIFICATION = "personal"  # a conversation log is personal data about its participants
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id     VARCHAR   PRIMARY KEY,
     space_id       VARCHAR   NOT NULL,
@@ -144,7 +144,7 @@ def _event(values: Sequence[Any]) -> EventRow:
 class SessionStore:
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._db = compaction.open_owned(path, _SCHEMA)
+        self._db = compaction.open_owned(path, SCHEMA)
         self.deletions_pending = False
         runs: dict[str, dict[str, Run]] = {}
         for session_id, kind, trigger, ran_at in self._db.execute(

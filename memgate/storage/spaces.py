@@ -18,7 +18,7 @@ from memgate.storage import compaction
 from memgate.storage.directory import new_id
 from memgate.storage.transaction import transaction
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS spaces (
     space_id VARCHAR NOT NULL, workspace_id VARCHAR NOT NULL, description VARCHAR NOT NULL,
     llm_model_name VARCHAR, llm_base_url VARCHAR, created_by VARCHAR NOT NULL,
@@ -61,7 +61,7 @@ class EntityRow:
 class SpaceStore:
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._db = compaction.open_owned(path, _SCHEMA)
+        self._db = compaction.open_owned(path, SCHEMA)
         self._spaces = {row[0]: SpaceRow(*row) for row in
                         self._db.execute("SELECT * FROM spaces").fetchall()}
         self._shares: dict[str, dict[str, str]] = {}
