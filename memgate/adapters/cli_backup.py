@@ -41,12 +41,15 @@ async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
                 nats_url: str | None, token: str | None) -> work.Written:
     from memgate.app import backup as work  # DuckDB and NATS: for these commands only
     from memgate.bus import BusClient
+    from memgate.storage.backup import mac_key
+
+    key = mac_key(data_dir / "keys", create=True) if mode == "backup" else None
 
     if not work.is_running(data_dir):
         try:
             return await work.write_backup(
                 work.LocalDumper(data_dir, mode=mode, workspace=workspace), out,
-                audit_root=data_dir / "audit", mode=mode)
+                mac_key=key, audit_root=data_dir / "audit", mode=mode)
         except work.RunningError:
             pass  # it started meanwhile
     settings = Settings(data_dir=data_dir)
@@ -59,7 +62,7 @@ async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
     try:
         return await work.write_backup(
             work.BusDumper(client, _operator(data_dir, token), mode=mode, workspace=workspace),
-            out, audit_root=data_dir / "audit", mode=mode)
+            out, mac_key=key, audit_root=data_dir / "audit", mode=mode)
     finally:
         await client.close()
 
@@ -101,8 +104,9 @@ def command(app: typer.Typer, operator: Any) -> None:
                 from_: Annotated[Path, typer.Option("--from", help="the backup file")],
                 keys_from: Annotated[Path, typer.Option(
                     help="the live data directory whose keys open the backup")]) -> None:
-        """Rebuild a new data directory from a backup: rows of erased subjects (key gone) are
-        dropped; then `memgate up --data-dir` it."""
+        """Rebuild a new data directory from a backup made by --keys-from (its MAC is checked
+        first): rows of erased subjects (key gone) are dropped; then `memgate up --data-dir`
+        it."""
         from memgate.app import backup as work
 
         try:

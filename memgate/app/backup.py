@@ -7,18 +7,22 @@ adapter's NATS login derived from the directory's internal secret), which has ea
 its file in one snapshot and seals before anything leaves it. Either way the file holds no
 personal field in clear and no key.
 
-Restore rebuilds a new data directory from a backup and the keys that still live in
-`--keys-from`: a row whose subject key is gone (erased) is dropped, the others are opened and
-written back; the surviving subjects' keys are carried over; the audit log is carried over and
-the restore appended to it; every owner's memories are re-announced (a `MemoryStored` event in
-the partition's outbox), so the indexer and the embedder rebuild from storage when
-`memgate up` starts on it.
+A backup ends with a MAC under the directory's backup key (`DIR/keys/backup.mac`). Restore
+rebuilds a new data directory from a backup and the keys that still live in `--keys-from`: it
+first checks the MAC (a backup altered, cut short or made elsewhere is refused before anything
+is written), builds the files from memgate's own schema, and refuses what memgate never writes
+(a personal row in clear, a table or column it does not back up); a row whose subject key is
+gone (erased) is dropped, the others are opened and written back; the surviving subjects' keys
+are carried over; the audit log is carried over and the restore appended to it; every owner's
+memories are re-announced (a `MemoryStored` event in the partition's outbox), so the indexer
+and the embedder rebuild from storage when `memgate up` starts on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +40,8 @@ from memgate.contracts.directory import Done
 from memgate.contracts.events import MemoryStored
 from memgate.contracts.internal import Owner
 from memgate.storage import audit, backup, outbox
-from memgate.storage.keys import KeyStore, Sealed
+from memgate.storage.backup import RestoreRefusedError
+from memgate.storage.keys import KeyStore, SealBrokenError, Sealed
 
 FLUSH_ROWS = 1000
 
@@ -157,17 +162,26 @@ def _private(path: Path) -> Any:
     return os.fdopen(fd, "w", encoding="utf-8")
 
 
-async def write_backup(dumper: Dumper, out: Path, *, audit_root: Path | None = None,
-                       mode: str = "backup") -> Written:
-    """Write the backup (or the export) to `out` (via `out.partial`, renamed when complete)."""
+async def write_backup(dumper: Dumper, out: Path, *, mac_key: bytes | None,
+                       audit_root: Path | None = None, mode: str = "backup") -> Written:
+    """Write the backup (or the export) to `out` (via `out.partial`, renamed when complete);
+    a backup ends with its MAC under `mac_key` (the directory's backup key)."""
+    if (mode == "backup") != (mac_key is not None):
+        raise ValueError("a backup, and only a backup, is authenticated")
+    mac = backup.new_mac(mac_key or b"")
     written = Written()
     partial = out.with_name(out.name + ".partial")
     tables, written.skipped = await dumper.begin()
     rows = 0
     try:
         with _private(partial) as f:
+
+            def write(line: str) -> None:
+                f.write(line)
+                mac.update(line.encode())
+
             if mode == "backup":
-                f.write(json.dumps({
+                write(json.dumps({
                     "memgateBackup": backup.FORMAT,
                     "createdAt": datetime.now(UTC).isoformat(),
                     "tables": [t.to_json() for t in tables], "skipped": written.skipped}) + "\n")
@@ -176,15 +190,17 @@ async def write_backup(dumper: Dumper, out: Path, *, audit_root: Path | None = N
                 for offset in range(0, table.rows, backup.PAGE_ROWS):
                     lines = await dumper.lines(table, offset)
                     for line in lines:
-                        f.write(json.dumps(line, separators=(",", ":")) + "\n")
+                        write(json.dumps(line, separators=(",", ":")) + "\n")
                     count += len(lines)
                     written.sealed += sum("sealed" in line for line in lines)
                 written.tables[f"{table.file}:{table.name}"] = count
                 rows += count
             if mode == "backup" and audit_root is not None:
                 for entry in audit.read_entries(audit_root / audit.LOG):
-                    f.write(json.dumps({"audit": entry}, separators=(",", ":")) + "\n")
+                    write(json.dumps({"audit": entry}, separators=(",", ":")) + "\n")
                     written.audit_entries += 1
+            if mode == "backup":
+                f.write(backup.mac_line(mac))
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
@@ -210,46 +226,90 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
+def _authentic_lines(path: Path, key: bytes) -> Iterator[dict[str, Any]]:
+    """The backup's lines but its MAC line; refused at the end if the MAC does not match."""
+    mac = backup.new_mac(key)
+    last: bytes | None = None
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if last is not None:
+                mac.update(last)
+                if last.strip():
+                    yield _object(last, number - 1)
+            last = raw
+    if last is None or not backup.is_authentic(mac, last):
+        raise RestoreRefusedError(
+            "the backup fails authentication: it was altered or cut short, was made by another "
+            "data directory than --keys-from, or predates authenticated backups")
+
+
+def _object(raw: bytes, number: int) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise RestoreRefusedError(f"line {number} of the backup is not JSON") from None
+    if not isinstance(value, dict):
+        raise RestoreRefusedError(f"line {number} of the backup is not a JSON object")
+    return value
+
+
 def restore(source: Path, data_dir: Path, keys_from: Path) -> Restored:
     """Rebuild `data_dir` (new or empty) from the backup `source` and the keys in
-    `keys_from/keys` (the live directory's)."""
+    `keys_from/keys` (the live directory's, which made the backup). Refused with
+    `RestoreRefusedError` (a ValueError) and nothing left in `data_dir` if the backup fails
+    authentication or holds what memgate never writes."""
     if data_dir.exists() and any(data_dir.iterdir()):
         raise FileExistsError(f"{data_dir} is not empty: restore into a new directory")
-    lines = _lines(source)
+    key = backup.mac_key(keys_from / "keys", create=False)
+    if key is None:
+        raise RestoreRefusedError(f"{keys_from} has no backup key (keys/{backup.MAC_FILE}): "
+                                  "restore with --keys-from the directory that made the backup")
+    for _ in _authentic_lines(source, key):  # checked whole before anything is written
+        pass
+    try:
+        return _restore(_authentic_lines(source, key), data_dir, KeyStore(keys_from / "keys"))
+    except BaseException:
+        if data_dir.exists():
+            for child in data_dir.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
+
+
+def _restore(lines: Iterator[dict[str, Any]], data_dir: Path, old_keys: KeyStore) -> Restored:
     manifest = next(lines, None)
     if manifest is None or manifest.get("memgateBackup") != backup.FORMAT:
-        raise ValueError("not a memgate backup (or a format this version does not read)")
-    old_keys = KeyStore(keys_from / "keys")
-    tables = {(t.file, t.name): t for t in map(backup.TableInfo.from_json, manifest["tables"])}
+        raise RestoreRefusedError("not a memgate backup (or a format this version does not read)")
     result = Restored()
     writer = backup.Restorer(data_dir)
     pending: dict[tuple[str, str], list[list[Any]]] = defaultdict(list)
     carried: dict[tuple[str, str], bytes] = {}
     audit_lines: list[dict[str, Any]] = []
     try:
+        try:
+            listed = [backup.TableInfo.from_json(t) for t in manifest["tables"]]
+        except (KeyError, TypeError, ValueError):
+            raise RestoreRefusedError("the backup's list of tables is malformed") from None
+        tables = {(t.file, t.name): writer.table(t) for t in listed}
         for table in tables.values():
-            writer.create(table)
             result.restored[f"{table.file}:{table.name}"] = 0
         for line in lines:
-            if "audit" in line:
+            if isinstance(line.get("audit"), dict):
                 audit_lines.append(line["audit"])
                 continue
-            key = (line["f"], line["t"])
-            name = f"{key[0]}:{key[1]}"
-            values = backup.open_line(old_keys, line)
+            listed_as = tables.get((str(line.get("f")), str(line.get("t"))))
+            if listed_as is None:
+                raise RestoreRefusedError("a row of a table the backup does not list")
+            table = listed_as
+            name = f"{table.file}:{table.name}"
+            values = _opened(old_keys, line, table, name, carried)
             if values is None:
                 result.dropped[name] = result.dropped.get(name, 0) + 1
                 continue
-            if "sealed" in line:
-                sealed = Sealed.from_json(line["sealed"])
-                for subject in sealed.subjects:
-                    found = old_keys.key_for(sealed.tenant, subject, create=False)
-                    if found is not None:
-                        carried[(sealed.tenant, subject)] = found
+            key = (table.file, table.name)
             pending[key].append(values)
             result.restored[name] += 1
             if len(pending[key]) >= FLUSH_ROWS:
-                writer.insert(tables[key], pending.pop(key))
+                writer.insert(table, pending.pop(key))
         for key, rows in pending.items():
             writer.insert(tables[key], rows)
         result.announced = _announce(writer, tables)
@@ -258,6 +318,38 @@ def restore(source: Path, data_dir: Path, keys_from: Path) -> Restored:
     KeyStore(data_dir / "keys").adopt(carried)
     _restore_audit(data_dir / "audit", audit_lines, result)
     return result
+
+
+def _opened(keys: KeyStore, line: dict[str, Any], table: backup.TableInfo, name: str,
+            carried: dict[tuple[str, str], bytes]) -> list[Any] | None:
+    """A line's row values as memgate wrote them (None: its subject was erased); the keys
+    that opened it noted in `carried`."""
+    if "row" in line:
+        if table.personal:
+            raise RestoreRefusedError(f"{name}: a row of a personal table in clear")
+        values = line["row"]
+    else:
+        if not table.personal:
+            raise RestoreRefusedError(f"{name}: a sealed row in a table kept in clear")
+        try:
+            sealed = Sealed.from_json(line["sealed"])
+        except (KeyError, TypeError, ValueError):
+            raise RestoreRefusedError(f"{name}: a malformed sealed row") from None
+        if not sealed.record.startswith(f"{name}:"):
+            raise RestoreRefusedError(f"{name}: a sealed row of another table")
+        try:
+            values = backup.open_line(keys, line)
+        except (SealBrokenError, ValueError):
+            raise RestoreRefusedError(f"{name}: a sealed row that does not open") from None
+        if values is None:
+            return None
+        for subject in sealed.subjects:
+            found = keys.key_for(sealed.tenant, subject, create=False)
+            if found is not None:
+                carried[(sealed.tenant, subject)] = found
+    if not isinstance(values, list):
+        raise RestoreRefusedError(f"{name}: a row that is not a list of values")
+    return values
 
 
 def _announce(writer: backup.Restorer, tables: dict[tuple[str, str], backup.TableInfo]) -> int:

@@ -11,11 +11,18 @@ its DDL, columns and types. Then one line per row, in table order:
   subject(s) it is about (`storage.keys`). Only the tenant, the subject ids and the record id
   are in clear: no text, no name, no namespace.
 
-`SOURCES` is the registry: for each DuckDB file, which tables are backed up and, for a personal
-one, whose row it is. A table that is not registered is **not** backed up (listed under
-`skipped` in the manifest): a new table holds personal data until someone says otherwise.
-Derived state (Tantivy indexes, vectors, the outbox and its `relayed` mark, JetStream) is never
-backed up: a restored instance rebuilds it from the memories (restore re-announces them).
+The last line is `{"memgateMac": HEX}`: HMAC-SHA256 of every byte before it, under the backup
+key kept in `DIR/keys/backup.mac` (never in the backup). A restore checks it before it writes
+anything, builds every file from memgate's own schema (never DDL from the file), and refuses
+a row of a personal table in clear, a table or column memgate does not back up, and a sealed
+row moved to another table.
+
+`sources` is the registry: for each DuckDB file, which tables are backed up and, for a personal
+one, whose row it is, and the file's schema. A table that is not registered is **not** backed
+up (listed under `skipped` in the manifest): a new table holds personal data until someone says
+otherwise. Derived state (Tantivy indexes, vectors, the outbox and its `relayed` mark,
+JetStream) is never backed up: a restored instance rebuilds it from the memories (restore
+re-announces them).
 
 An eval-dataset export is JSON lines of memory rows: ids, `derivedFrom`, classification and
 times in clear, the text (and namespace, key) sealed under the subject's key.
@@ -24,7 +31,11 @@ times in clear, the text (and namespace, key) sealed under the subject's key.
 from __future__ import annotations
 
 import base64
+import hmac
 import json
+import os
+import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,9 +46,12 @@ from typing import Any
 import duckdb
 
 from memgate.contracts.internal import SPACE_OWNER_PREFIX, space_owner
+from memgate.storage import directory, memories, outbox, registry, sessions, spaces
 from memgate.storage.keys import KeyErasedError, KeyStore, Sealed
 
-FORMAT = 1
+FORMAT = 2  # 2: authenticated (the MAC line); a format-1 backup carries none and is refused
+MAC_FILE = "backup.mac"  # in DIR/keys: the key that authenticates the directory's backups
+MAC_BYTES = 32
 PAGE_ROWS = 200  # rows per page: a page is one bus reply (200 sealed rows of the longest
 # text, a 10 kB session message, stay well under the 8 MiB payload limit)
 SNAPSHOT_IDLE_S = 300.0  # an owner closes a backup's snapshot left idle this long
@@ -76,6 +90,7 @@ class SourceSpec:
     owner: str
     file: str  # relative to the data directory
     tables: tuple[TableSpec, ...]
+    schema: str  # memgate's own DDL of the file: what a restore creates
 
     def table(self, name: str) -> TableSpec | None:
         return next((t for t in self.tables if t.name == name), None)
@@ -90,12 +105,13 @@ def _directory() -> SourceSpec:
         r.get("credential_id") or r["member_id"]), tenant="workspace_id")
     return SourceSpec("directory", "directory.duckdb", (
         TableSpec("workspaces"), TableSpec("nats_agents"),
-        TableSpec("members", member), TableSpec("credentials", member)))
+        TableSpec("members", member), TableSpec("credentials", member)), directory.SCHEMA)
 
 
 def _registry() -> SourceSpec:
     return SourceSpec("registry", "registry.duckdb", tuple(TableSpec(t) for t in (
-        "collections", "documents", "passages", "context_sets", "sequence")))
+        "collections", "documents", "passages", "context_sets", "sequence")),
+        registry.SCHEMA + outbox.SCHEMA)
 
 
 def _spaces() -> SourceSpec:
@@ -107,7 +123,8 @@ def _spaces() -> SourceSpec:
         TableSpec("entities", Personal(
             subjects=lambda r: [memory_subject(space_owner(str(r["space_id"])),
                                                str(r["namespace"]))],
-            record=lambda r: f"{r['space_id']}/{r['namespace']}", tenant="space_id"))))
+            record=lambda r: f"{r['space_id']}/{r['namespace']}", tenant="space_id"))),
+        spaces.SCHEMA)
 
 
 def _sessions() -> SourceSpec:
@@ -119,15 +136,16 @@ def _sessions() -> SourceSpec:
                             record=lambda r: f"{r['session_id']}/{r.get('sequence_id', '')}")
     return SourceSpec("sessions", "sessions.duckdb", (
         TableSpec("sessions", participants), TableSpec("events", participants),
-        TableSpec("lifecycle_runs")))
+        TableSpec("lifecycle_runs")), sessions.SCHEMA)
 
 
 def _partition(partition: str) -> SourceSpec:
-    memories = Personal(
+    rows = Personal(
         subjects=lambda r: [memory_subject(str(r["subject_id"]), str(r["namespace"]))],
         record=lambda r: str(r["memory_id"]))
     return SourceSpec(f"storage.{partition}", f"partitions/{partition}/memories.duckdb", (
-        TableSpec("memories", memories), TableSpec("remember_log"), TableSpec("sequence")))
+        TableSpec("memories", rows), TableSpec("remember_log"), TableSpec("sequence")),
+        memories.SCHEMA + outbox.SCHEMA)
 
 
 EXTRA: list[SourceSpec] = []  # more sources, registered by the modules that own them
@@ -153,6 +171,15 @@ def source(owner: str) -> SourceSpec:
     raise KeyError(owner)
 
 
+def source_of_file(file: str) -> SourceSpec | None:
+    """The registered source of a backup's file name (None: memgate backs up no such file)."""
+    found = re.fullmatch(r"partitions/(p[0-9]{1,4})/memories\.duckdb", file)
+    if found:
+        return _partition(found.group(1))
+    return next((s for s in (_directory(), _registry(), _spaces(), _sessions(), *EXTRA)
+                 if s.file == file), None)
+
+
 def partitions_in(data_dir: Path) -> list[str]:
     root = data_dir / "partitions"
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -165,28 +192,27 @@ def partitions_in(data_dir: Path) -> list[str]:
 class TableInfo:
     file: str
     name: str
-    ddl: str
     columns: list[str]
     types: list[str]
     personal: bool
     rows: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "name": self.name, "ddl": self.ddl, "columns": self.columns,
+        return {"file": self.file, "name": self.name, "columns": self.columns,
                 "types": self.types, "personal": self.personal, "rows": self.rows}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> TableInfo:
-        return cls(value["file"], value["name"], value["ddl"], list(value["columns"]),
+        return cls(value["file"], value["name"], list(value["columns"]),
                    list(value["types"]), bool(value["personal"]), int(value["rows"]))
 
 
 def describe(db: duckdb.DuckDBPyConnection, source: SourceSpec,
              ) -> tuple[list[TableInfo], list[str]]:
     """The source's registered tables in this file, and the names of the tables it skips."""
-    found = {str(name): str(sql) for name, sql in db.execute(
-        "SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' "
-        "ORDER BY table_name").fetchall()}
+    found = [str(name) for name, in db.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+        "ORDER BY table_name").fetchall()]
     tables: list[TableInfo] = []
     for spec in source.tables:
         if spec.name not in found:
@@ -195,9 +221,9 @@ def describe(db: duckdb.DuckDBPyConnection, source: SourceSpec,
                           "WHERE table_schema = 'main' AND table_name = ? "
                           "ORDER BY ordinal_position", [spec.name]).fetchall()
         count = db.execute(f'SELECT count(*) FROM "{spec.name}"').fetchone()
-        tables.append(TableInfo(source.file, spec.name, found[spec.name],
-                                [str(c[0]) for c in cols], [str(c[1]) for c in cols],
-                                spec.personal is not None, int(count[0]) if count else 0))
+        tables.append(TableInfo(source.file, spec.name, [str(c[0]) for c in cols],
+                                [str(c[1]) for c in cols], spec.personal is not None,
+                                int(count[0]) if count else 0))
     registered = {t.name for t in source.tables}
     return tables, [f"{source.file}:{name}" for name in found if name not in registered]
 
@@ -340,35 +366,110 @@ def read_export_row(keys: KeyStore, line: dict[str, Any]) -> dict[str, Any] | No
     return {**{k: v for k, v in line.items() if k != "sealed"}, **content}
 
 
+# --- authenticating a backup ---
+
+
+def mac_key(keys_dir: Path, *, create: bool) -> bytes | None:
+    """The directory's backup key (made on first use, 0600); None if it has none."""
+    path = keys_dir / MAC_FILE
+    if create and not path.exists():
+        keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # made meanwhile
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(MAC_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+    if not path.exists():
+        return None
+    key = path.read_bytes()
+    if len(key) != MAC_BYTES:
+        raise ValueError(f"{path} is not a backup key")
+    return key
+
+
+def new_mac(key: bytes) -> hmac.HMAC:
+    return hmac.new(key, digestmod="sha256")
+
+
+def mac_line(mac: hmac.HMAC) -> str:
+    return json.dumps({"memgateMac": mac.hexdigest()}) + "\n"
+
+
+def is_authentic(mac: hmac.HMAC, last_line: bytes) -> bool:
+    """Whether `last_line` is the MAC line of what `mac` has read."""
+    try:
+        trailer = json.loads(last_line)
+    except ValueError:
+        return False
+    return (isinstance(trailer, dict) and list(trailer) == ["memgateMac"]
+            and isinstance(trailer["memgateMac"], str)
+            and hmac.compare_digest(trailer["memgateMac"], mac.hexdigest()))
+
+
 # --- writing a restored file ---
+
+
+class RestoreRefusedError(ValueError):
+    """The backup is not one this directory made, or holds what memgate never writes."""
 
 
 @dataclass
 class Restorer:
-    """Rebuilds the DuckDB files of a new data directory from a backup's tables and rows."""
+    """Rebuilds the DuckDB files of a new data directory: each file from memgate's own schema,
+    each table's rows checked against it (the backup's manifest only names tables)."""
 
     data_dir: Path
     _open: dict[str, duckdb.DuckDBPyConnection] = field(default_factory=dict)
 
     def db(self, file: str) -> duckdb.DuckDBPyConnection:
         if file not in self._open:
-            path = self.data_dir / file
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._open[file] = duckdb.connect(str(path))
+            source = source_of_file(file)
+            if source is None:
+                raise RestoreRefusedError(f"{file!r} is not a file memgate backs up")
+            path = self.data_dir / source.file
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._open[file] = db = duckdb.connect(str(path))
+            db.execute(source.schema)
         return self._open[file]
 
-    def create(self, table: TableInfo) -> None:
-        self.db(table.file).execute(table.ddl)
+    def table(self, listed: TableInfo) -> TableInfo:
+        """The manifest's table as memgate's schema has it: a registered table, columns that
+        exist, their types from the schema (never from the backup)."""
+        source = source_of_file(listed.file)
+        spec = None if source is None else source.table(listed.name)
+        if spec is None:
+            raise RestoreRefusedError(
+                f"{listed.file}:{listed.name!r} is not a table memgate backs up")
+        types = dict(self.db(listed.file).execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = 'main' AND table_name = ?", [spec.name]).fetchall())
+        if not listed.columns or len(set(listed.columns)) != len(listed.columns) or any(
+                c not in types for c in listed.columns):
+            raise RestoreRefusedError(
+                f"{listed.file}:{spec.name}: columns that memgate's schema does not have")
+        return TableInfo(listed.file, spec.name, list(listed.columns),
+                         [str(types[c]) for c in listed.columns], spec.personal is not None,
+                         listed.rows)
 
     def insert(self, table: TableInfo, rows: list[list[Any]]) -> None:
         if not rows:
             return
+        if any(len(row) != len(table.columns) for row in rows):
+            raise RestoreRefusedError(f"{table.file}:{table.name}: a row of the wrong width")
         casts = ", ".join(f"CAST(? AS {t})" for t in table.types)
         columns = ", ".join(f'"{c}"' for c in table.columns)
         decoded = [[base64.b64decode(v["$b64"]) if isinstance(v, dict) and "$b64" in v else v
                     for v in row] for row in rows]
-        self.db(table.file).executemany(
-            f'INSERT INTO "{table.name}" ({columns}) VALUES ({casts})', decoded)
+        try:
+            self.db(table.file).executemany(
+                f'INSERT INTO "{table.name}" ({columns}) VALUES ({casts})', decoded)
+        except (duckdb.Error, ValueError, TypeError):  # the message would quote the values
+            raise RestoreRefusedError(
+                f"{table.file}:{table.name}: a row that does not fit memgate's schema") from None
 
     def close(self) -> None:
         for db in self._open.values():
@@ -378,8 +479,9 @@ class Restorer:
 
 
 __all__ = [
-    "EXPORT_CLEAR", "EXPORT_SEALED", "EXTRA", "FORMAT", "PAGE_ROWS", "Personal", "Restorer",
-    "SourceSpec", "Snapshots", "TableInfo", "TableSpec", "describe", "export_rows",
-    "memory_subject", "open_line", "page", "partitions_in", "read_export_row", "register",
-    "seal_rows", "source", "sources",
+    "EXPORT_CLEAR", "EXPORT_SEALED", "EXTRA", "FORMAT", "MAC_FILE", "PAGE_ROWS", "Personal",
+    "RestoreRefusedError", "Restorer", "SourceSpec", "Snapshots", "TableInfo", "TableSpec",
+    "describe", "export_rows", "is_authentic", "mac_key", "mac_line", "memory_subject",
+    "new_mac", "open_line", "page", "partitions_in", "read_export_row", "register",
+    "seal_rows", "source", "source_of_file", "sources",
 ]
