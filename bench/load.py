@@ -23,7 +23,10 @@ whatever the replies, latency counted from the scheduled instant so queueing is 
 commands beyond `--max-in-flight` unanswered ones shed) × transport (`MemgateClient` on the bus,
 REST with the agent's token, sent with aiohttp: the benchmark shares the server's cores, and
 httpx spent ~7 ms of CPU per request at 32 clients against aiohttp's ~0.3). Then the issue's
-target line: 50 agents, 70/30, at saturation and at `--target-rate` (150/s).
+target line: 50 agents, 70/30, at saturation and at `--target-rate` (150/s); and (issue 28) the
+same open loop right after a `--burst`-second saturation burst, with no drain between them (the
+embedding backlog, index commits and rewrites of the burst still running): what is measured is
+the open loop only.
 
 Per scenario: ops/s (successful commands / time from the start to the last reply), p50/p99 per
 command (of every reply, failures included), errors by code (`MemgateError.code` on the bus, the
@@ -384,6 +387,7 @@ class Knobs:
     duration_s: float
     max_in_flight: int  # open loop: commands beyond this many unanswered ones are shed
     probe_every_s: float | None  # ack → embedded sampling; None: off
+    burst_s: float = 20.0  # after-burst: seconds of saturation before the open loop
 
 
 async def run_scenario(running: Running, agents: Sequence[Agent], scenario: Scenario,
@@ -395,6 +399,12 @@ async def run_scenario(running: Running, agents: Sequence[Agent], scenario: Scen
     until, chosen = started + knobs.duration_s, agents[:scenario.agents]
     if scenario.load == "closed":
         await closed_loop(chosen, scenario, tally, probe, until)
+    elif scenario.load == "after-burst":
+        burst_until = started + knobs.burst_s
+        await closed_loop(chosen, scenario, Tally(), EmbedProbe(None), burst_until)
+        server_cpu, client_cpu = tree_cpu_s(running.pid), time.process_time()
+        started, until = time.perf_counter(), time.perf_counter() + knobs.duration_s
+        await open_loop(chosen, scenario, tally, probe, until, knobs.max_in_flight)
     else:
         await open_loop(chosen, scenario, tally, probe, until, knobs.max_in_flight)
     await probe.finish()
@@ -427,7 +437,7 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
               for transport in args.transports]
     if args.target:
         matrix += [Scenario(50, "mix", load, transport, args.target_rate)
-                   for load in ("closed", "open") for transport in ("bus", "rest")]
+                   for load in ("closed", "open", "after-burst") for transport in ("bus", "rest")]
     return matrix
 
 
@@ -439,7 +449,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--mixes", nargs="+", choices=list(RECALL_SHARE),
                         default=list(RECALL_SHARE))
-    parser.add_argument("--loads", nargs="+", choices=["closed", "open"],
+    parser.add_argument("--loads", nargs="+", choices=["closed", "open", "after-burst"],
                         default=["closed", "open"])
     parser.add_argument("--transports", nargs="+", choices=["bus", "rest"],
                         default=["bus", "rest"])
@@ -450,6 +460,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-rate", type=float, default=150.0)
     parser.add_argument("--memories", type=int, default=50, help="preloaded per agent")
     parser.add_argument("--runs", type=int, default=1, help="the table shows medians")
+    parser.add_argument("--burst", type=float, default=20.0,
+                        help="after-burst: seconds of saturation before the open loop")
     parser.add_argument("--max-in-flight", type=int, default=128,
                         help="open loop: shed commands beyond this many unanswered ones")
     parser.add_argument("--probe-every", type=float, default=1.0,
@@ -487,7 +499,7 @@ async def fresh_instance(block: list[Scenario], args: argparse.Namespace, knobs:
 async def main() -> None:
     args = parse_args()
     plan = scenarios(args)
-    knobs = Knobs(args.duration, args.max_in_flight, args.probe_every or None)
+    knobs = Knobs(args.duration, args.max_in_flight, args.probe_every or None, args.burst)
     embed_ms = embed_one_ms()
     idle_ms = embed_one_ms(gap_s=0.005)
     note_ms = embed_one_ms(notes=True)

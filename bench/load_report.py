@@ -10,7 +10,7 @@ from typing import Literal
 
 Mix = Literal["remember", "recall", "mix"]
 Transport = Literal["bus", "rest"]
-Load = Literal["closed", "open"]
+Load = Literal["closed", "open", "after-burst"]  # after-burst: open, right after saturation
 Kind = Literal["remember", "recall"]
 
 TRANSPORTS: tuple[Transport, ...] = ("bus", "rest")
@@ -92,6 +92,8 @@ def latency_cell(result: Result, kind: Kind) -> str:
     return f"{result.p50_ms[kind]:.1f} / {result.p99_ms[kind]:.1f}"
 
 
+LOADS = {"closed": "saturation", "open": "{rate:.0f}/s",
+         "after-burst": "{rate:.0f}/s after a burst"}
 COLUMNS = ("via", "agents", "load", "mix", "ops/s", "remember p50/p99 ms", "recall p50/p99 ms",
            "errors", "server CPU ms/op", "client CPU ms/op", "ack→embedded p50 ms (n)", "drain s",
            "before (issue 9, REST)")
@@ -100,7 +102,7 @@ COLUMNS = ("via", "agents", "load", "mix", "ops/s", "remember p50/p99 ms", "reca
 def cells(r: Result) -> list[str]:
     s = r.scenario
     return [
-        s.transport, str(s.agents), "saturation" if s.load == "closed" else f"{s.rate:.0f}/s",
+        s.transport, str(s.agents), LOADS[s.load].format(rate=s.rate),
         s.mix, f"{r.ops_per_s:.1f}", latency_cell(r, "remember"), latency_cell(r, "recall"),
         ", ".join(f"{code} {n}" for code, n in sorted(r.errors.items())) or "0",
         f"{r.server_cpu_ms_per_op:.1f}", f"{r.client_cpu_ms_per_op:.1f}",
@@ -165,6 +167,13 @@ def targets(results: Sequence[Result], embed_ms: float | None, note_ms: float | 
                          f"≤ 100 ms ({transport})",
                          f"{r.ops_per_s:.0f} ops/s, recall p99 {p99:.0f} ms",
                          target_rate >= 150 and r.ops_per_s >= 0.98 * 150 and p99 <= 100))
+    for transport in TRANSPORTS:  # issue 28, finding 13
+        if (r := found.get((transport, "after-burst", "mix", 50))) and "recall" in r.p99_ms:
+            p99 = r.p99_ms["recall"]
+            rows.append((f"recall p99 ≤ 50 ms at {target_rate:.0f}/s right after a saturation "
+                         f"burst ({transport})",
+                         f"{r.ops_per_s:.0f} ops/s, recall p99 {p99:.0f} ms",
+                         r.ops_per_s >= 0.98 * target_rate and p99 <= 50))
     expected = LIMITS | CLIENT_SIDE
     unexpected = sum(n for r in results for code, n in r.errors.items() if code not in expected)
     rows.append(("no errors under load but the documented limits", f"{unexpected} other errors",
