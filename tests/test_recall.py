@@ -164,7 +164,8 @@ async def test_a_restarted_indexer_catches_up_from_the_stream(tmp_path: Path) ->
 
         async def remember(text: str) -> str:
             command = StoreRemember(
-                owner=owner, credential_id="cr", namespace="n", text=text, retention_days=90
+                owner=owner, credential_id="cr", member_id=owner.subject_id, namespace="n",
+                text=text, retention_days=90
             )
             return (
                 await bus.request("mem.int.store.p0.remember", command, RememberResult)
@@ -237,7 +238,8 @@ async def test_recall_reaches_memories_older_than_the_newest_300(
     bus = BusClient(nc)
     member = Owner(tenant=owner.workspace_id, subject_id=owner.member_id)
     for i in range(320):  # straight to storage: faster than governance, same rows and events
-        command = StoreRemember(owner=member, credential_id=f"cr{i % 8}", namespace="bulk",
+        command = StoreRemember(owner=member, credential_id=f"cr{i % 8}",
+                                member_id=member.subject_id, namespace="bulk",
                                 text=f"routine status note number {i}", retention_days=90)
         await bus.request("mem.int.store.p0.remember", command, RememberResult)
     await nc.close()

@@ -120,6 +120,7 @@ class GovernanceActor:
                 collection_id=request.collection_id, passage_ids=request.citations))
         return await self._storage.remember(StoreRemember(
             owner=self._owner(principal), credential_id=principal.credential_id,
+            member_id=principal.member_id,
             namespace=request.namespace, key=request.key, collection_id=request.collection_id,
             text=masked.text, masked=masked.counts,
             retention_days=principal.settings.retention_days, citations=citations))

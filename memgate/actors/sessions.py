@@ -7,7 +7,9 @@ posting and editing events, and updating sessions need CAN_UPDATE; deleting need
 Access is resolved afresh at every request, so a revoked share bites at once.
 
 Sequence ids are issued on the worker thread (`Serial`), one command at a time, so concurrent
-appends get 0, 1, 2… without gaps or duplicates; a batch is one DuckDB transaction.
+appends get 0, 1, 2… without gaps or duplicates; a batch is one DuckDB transaction. The same
+turn checks the caller's quotas (sessions they created, events they posted: held, and made in
+the last hour), so they hold exactly.
 
 The lifecycle scheduler (`run_due`, every `interval_s`, with an injectable clock) runs the due
 strategies: extract_memories first (the masked events go to `mem.int.spacemem.extract`; the
@@ -26,6 +28,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,7 @@ from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, enveloped, ready_route
 from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
+from memgate.storage.quotas import EVENTS, SESSIONS, Quota
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
 
 log = logging.getLogger("memgate.sessions")
@@ -133,8 +137,11 @@ class SessionsActor:
                  now: Clock = system_clock, interval_s: float | None = 60.0,
                  retry_s: float = 30.0, retry_max_s: float = 3600.0,
                  extract_timeout_s: float = 120.0,
-                 purge_after_s: float = 30 * 24 * 3600) -> None:
+                 purge_after_s: float = 30 * 24 * 3600,
+                 quotas: tuple[Quota, Quota] = (SESSIONS, EVENTS)) -> None:
+        """`quotas`: what each member may hold and make per hour, of sessions and of events."""
         self._path = path
+        self._quotas = quotas
         self._bus = bus
         self._rules = rules
         self._now = now
@@ -155,7 +162,9 @@ class SessionsActor:
         return self._store
 
     async def start(self) -> None:
-        self._store = await self._serial(SessionStore, self._path)
+        sessions, events = self._quotas
+        self._store = await self._serial(partial(SessionStore, self._path, sessions=sessions,
+                                                 events=events))
         if self._interval_s is not None:
             self._ticker = asyncio.create_task(self._tick(self._interval_s))
 
@@ -223,9 +232,10 @@ class SessionsActor:
         participants = list(dict.fromkeys(canonical_id(p) for p in body.participants))
         now = self._clock()
         expires = lifecycle.hidden_at(strategies, created_at=now, last_event_at=None)
-        row = await self._serial(self.store.create, access.space_id, access.workspace_id,
-                                 participants, mask(body.description).text,
-                                 [_strategy_json(s) for s in strategies], now, expires)
+        row = await self._serial(partial(
+            self.store.create, access.space_id, access.workspace_id, participants,
+            mask(body.description).text, [_strategy_json(s) for s in strategies], now, expires,
+            created_by=access.member_id))
         return _view(row)
 
     async def get(self, envelope: Envelope) -> SessionView:
@@ -311,7 +321,7 @@ class SessionsActor:
             at = max(now, row.last_event_at or now)  # last_event_at never moves back
             expires = lifecycle.hidden_at(_strategies(row), created_at=row.created_at,
                                           last_event_at=at)
-            return self.store.append(row, new, at, expires)[1]
+            return self.store.append(row, new, at, expires, member_id=access.member_id)[1]
 
         stored = await self._serial(apply)
         if not batch:
@@ -483,7 +493,7 @@ class SessionsActor:
         if events:
             request = ExtractRequest(
                 space_id=row.space_id, workspace_id=row.tenant, session_id=row.session_id,
-                participants=list(row.participants),
+                participants=list(row.participants), member_id=row.created_by,
                 events=[ExtractEvent(sequence_id=e.sequence_id,
                                      text=extract_text(e.emitter_type, e.body))
                         for e in events])

@@ -7,7 +7,10 @@ entities a filter names resolved to storage namespaces (`mem.int.spaces.entity` 
 and only then storage (the partition's single writer) or recall (the same fused ranking as agent
 memories). A space's memories are stored under the owner `space-<spaceId>` of its workspace, in
 the namespace of their entity, with the mem0 id as their `key`: an update is a new version of
-the key, its history the key's versions, a delete removes every version.
+the key, its history the key's versions, a delete removes every version. Each version names the
+member who wrote it, whose version limit counts it (SPEC §3.9: one limit per member across their
+agent memories and every space). A new entity's namespace is only reserved until its memories
+are stored, so an add that storage refuses leaves no entity row behind.
 
 With an LLM (the space has `llmModelName` and `llmBaseUrl`), `add` extracts facts through it
 (`ports.llm`); the LLM sees masked text only. `mem.int.spacemem.extract` does the same for a
@@ -23,11 +26,12 @@ import hashlib
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Contract, Envelope, Memory, RecallResult, RememberResult
+from memgate.contracts import Contract, Done, Envelope, Memory, RecallResult, RememberResult
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.errors import (
     AgentMemoryEmptyError, ForbiddenError, MemgateError, NotFoundError, UnauthenticatedError,
@@ -42,7 +46,8 @@ from memgate.contracts.mem0 import (
     Ping, SearchMemories, SearchResults, SpaceLlm, SpaceLlmRequest, UpdateMemory,
 )
 from memgate.contracts.spaces import (
-    AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, Permission, SpaceAccess,
+    AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Permission,
+    SpaceAccess,
 )
 from memgate.policy import extraction
 from memgate.policy.masking import mask
@@ -130,6 +135,37 @@ def _view(memory: Memory, entity: Entity | None, *, score: float | None = None) 
                       created_at=memory.created_at, updated_at=memory.created_at, score=score)
 
 
+def _owner(workspace_id: str, space_id: str) -> Owner:
+    return Owner(tenant=workspace_id, subject_id=space_owner(space_id))
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """Who writes a space's memories: the member whose version limit counts them (one
+    member's across all their storage, SPEC §3.9), under the credential whose rate limit they
+    take, `space-<spaceId>:<memberId>` (`…:lifecycle` for extract_memories)."""
+
+    owner: Owner
+    member_id: str
+    credential_id: str
+    retention_days: int
+    derived_from: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, workspace_id: str, space_id: str, member_id: str, retention_days: int, *,
+           credential: str | None = None, derived_from: tuple[str, ...] = ()) -> _Writer:
+        return cls(_owner(workspace_id, space_id), member_id,
+                   f"{space_owner(space_id)}:{credential or member_id}", retention_days,
+                   derived_from)
+
+    def remember(self, namespace: str, key: str, text: str,
+                 masked: dict[str, int] | None = None) -> StoreRemember:
+        return StoreRemember(owner=self.owner, member_id=self.member_id,
+                             credential_id=self.credential_id, namespace=namespace, key=key,
+                             text=text, masked=masked or {}, retention_days=self.retention_days,
+                             derived_from=list(self.derived_from))
+
+
 class SpaceMemoriesActor:
     name = "space-memories"
 
@@ -185,20 +221,10 @@ class SpaceMemoriesActor:
                                  {"permission": permission.value})
         return access
 
-    @staticmethod
-    def _owner(workspace_id: str, space_id: str) -> Owner:
-        return Owner(tenant=workspace_id, subject_id=space_owner(space_id))
-
     async def _entities(self, space_id: str) -> dict[str, Entity]:
         found = await self._bus.request(subjects.spaces_internal("entities"),
                                         EntitiesRequest(space_id=space_id), Entities)
         return {e.namespace: e for e in found.entities if e.namespace}
-
-    async def _namespace(self, space_id: str, entity: Entity) -> str:
-        issued = await self._bus.request(subjects.spaces_internal("entity"),
-                                         EntityRequest(space_id=space_id, entity=entity), Entity)
-        assert issued.namespace is not None, "the spaces actor issues a namespace"
-        return issued.namespace
 
     async def _scope(self, space_id: str, filters: dict[str, Any] | None,
                      ) -> tuple[list[str] | None, dict[str, Entity]]:
@@ -215,28 +241,55 @@ class SpaceMemoriesActor:
 
     # --- storing, all or nothing ---
 
-    async def _remember_all(self, owner: Owner, credential_id: str, namespace: str,
-                            texts: list[str], retention_days: int, sources: list[str],
+    async def _remember_about(self, space_id: str, entity: Entity, writer: _Writer,
+                              texts: list[str], keys: list[str] | None = None,
+                              ) -> list[tuple[str, RememberResult]]:
+        """Each text a memory about `entity`, all or nothing. A new entity's namespace is only
+        reserved until the memories are stored: a refused add leaves no entity behind
+        (`mem.int.spaces.settle`)."""
+        issued = await self._bus.request(subjects.spaces_internal("entity"),
+                                         EntityRequest(space_id=space_id, entity=entity), Entity)
+        assert issued.namespace is not None, "the spaces actor issues a namespace"
+
+        async def settle(stored: bool) -> None:
+            await self._bus.request(subjects.spaces_internal("settle"), EntitySettled(
+                space_id=space_id, entity=entity, stored=stored), Done)
+
+        try:
+            stored = await self._remember_all(writer, issued.namespace, texts, keys)
+        except Exception:
+            with contextlib.suppress(MemgateError):  # unsettled, it lives in memory only
+                await settle(stored=False)
+            raise
+        try:
+            await settle(stored=True)
+        except MemgateError:
+            await self._forget(writer.owner, [key for key, _ in stored])
+            raise UnavailableError("the memories could not be stored") from None
+        return stored
+
+    async def _remember_all(self, writer: _Writer, namespace: str, texts: list[str],
                             keys: list[str] | None = None) -> list[tuple[str, RememberResult]]:
         """Each text a memory of its own (`keys`, else new mem0 ids); if any is refused, those
         stored are forgotten again and the first refusal is raised."""
         keys = keys or [uuid.uuid4().hex for _ in texts]
-        outcomes = await asyncio.gather(*(self._storage.remember(StoreRemember(
-            owner=owner, credential_id=credential_id, namespace=namespace, key=key, text=text,
-            retention_days=retention_days, derived_from=sources))
-            for key, text in zip(keys, texts, strict=True)), return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._storage.remember(writer.remember(
+            namespace, key, text)) for key, text in zip(keys, texts, strict=True)),
+            return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if not failures:
             return [(k, o) for k, o in zip(keys, outcomes, strict=True)
                     if isinstance(o, RememberResult)]
-        stored = [k for k, o in zip(keys, outcomes, strict=True)
-                  if not isinstance(o, BaseException)]
-        await asyncio.gather(*(self._storage.forget(StoreForget(owner=owner, key=key))
-                               for key in stored), return_exceptions=True)
+        await self._forget(writer.owner, [k for k, o in zip(keys, outcomes, strict=True)
+                                          if not isinstance(o, BaseException)])
         failure = failures[0]
         if isinstance(failure, MemgateError):
             raise failure
         raise UnavailableError("the memories could not be stored") from None
+
+    async def _forget(self, owner: Owner, keys: list[str]) -> None:
+        await asyncio.gather(*(self._storage.forget(StoreForget(owner=owner, key=key))
+                               for key in keys), return_exceptions=True)
 
     async def _facts(self, model: str, base_url: str, lines: list[str],
                      timeout_s: float | None = None) -> list[str]:
@@ -277,11 +330,9 @@ class SpaceMemoriesActor:
                 raise AgentMemoryEmptyError("nothing is left of the messages after masking")
         if not texts:
             return AddResults(results=[])
-        namespace = await self._namespace(access.space_id, entity)
-        stored = await self._remember_all(
-            self._owner(access.workspace_id, access.space_id),
-            f"{space_owner(access.space_id)}:{access.member_id}", namespace, texts,
-            access.retention_days, [])
+        stored = await self._remember_about(access.space_id, entity, _Writer.of(
+            access.workspace_id, access.space_id, access.member_id, access.retention_days),
+            texts)
         return AddResults(results=[
             Added(id=key, memory=text, user_id=entity.user_id, agent_id=entity.agent_id,
                   run_id=entity.run_id)
@@ -289,7 +340,7 @@ class SpaceMemoriesActor:
 
     async def get(self, envelope: Envelope) -> Mem0Memory:
         access = await self._access(envelope, Permission.CAN_VIEW)
-        owner = self._owner(access.workspace_id, access.space_id)
+        owner = _owner(access.workspace_id, access.space_id)
         current, entities = await asyncio.gather(
             self._current(owner, _memory_id(envelope)), self._entities(access.space_id))
         if current is None:
@@ -305,7 +356,7 @@ class SpaceMemoriesActor:
         memories: list[Memory] = []
         if allowed is None or allowed:
             memories = (await self._storage.list(StoreQuery(
-                owner=self._owner(access.workspace_id, access.space_id), namespaces=allowed,
+                owner=_owner(access.workspace_id, access.space_id), namespaces=allowed,
                 limit=READ_MAX))).memories
         shown = memories[(page - 1) * size: page * size]
         base = f"/memory/{access.space_id}/v3/memories/?page_size={size}&page="
@@ -322,7 +373,7 @@ class SpaceMemoriesActor:
         if allowed is not None and not allowed:
             return SearchResults(results=[])
         found = await self._bus.request(subjects.recall_internal(), RecallQuery(
-            owner=self._owner(access.workspace_id, access.space_id),
+            owner=_owner(access.workspace_id, access.space_id),
             query=mask(body.query).text, namespaces=allowed,
             limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
         return SearchResults(
@@ -333,7 +384,7 @@ class SpaceMemoriesActor:
         access = await self._access(envelope, Permission.CAN_UPDATE)
         key = _memory_id(envelope)
         body = _body(UpdateMemory, envelope)
-        owner = self._owner(access.workspace_id, access.space_id)
+        owner = _owner(access.workspace_id, access.space_id)
         current, entities = await asyncio.gather(self._current(owner, key),
                                                  self._entities(access.space_id))
         if current is None:
@@ -345,10 +396,9 @@ class SpaceMemoriesActor:
         if masked.only_placeholders:
             raise AgentMemoryEmptyError("nothing is left of the text after masking",
                                         {"masked": masked.counts})
-        stored = await self._storage.remember(StoreRemember(
-            owner=owner, credential_id=f"{space_owner(access.space_id)}:{access.member_id}",
-            namespace=current.namespace, key=key, text=masked.text, masked=masked.counts,
-            retention_days=access.retention_days))
+        stored = await self._storage.remember(_Writer.of(
+            access.workspace_id, access.space_id, access.member_id, access.retention_days,
+        ).remember(current.namespace, key, masked.text, masked.counts))
         updated = current.model_copy(update={"text": masked.text,
                                              "memory_id": stored.memory_id})
         return _view(updated, entity).model_copy(update={"updated_at": stored.created_at})
@@ -356,7 +406,7 @@ class SpaceMemoriesActor:
     async def delete(self, envelope: Envelope) -> Mem0Message:
         access = await self._access(envelope, Permission.CAN_DELETE)
         await self._storage.forget(StoreForget(
-            owner=self._owner(access.workspace_id, access.space_id),
+            owner=_owner(access.workspace_id, access.space_id),
             key=_memory_id(envelope)))
         return Mem0Message(message="Memory deleted successfully!")
 
@@ -374,14 +424,14 @@ class SpaceMemoriesActor:
         if allowed:
             with contextlib.suppress(NotFoundError):  # nothing left to delete
                 await self._storage.forget(StoreForget(
-                    owner=self._owner(access.workspace_id, access.space_id),
+                    owner=_owner(access.workspace_id, access.space_id),
                     namespaces=allowed))
         return Mem0Message(message="Memories deleted successfully!")
 
     async def history(self, envelope: Envelope) -> History:
         access = await self._access(envelope, Permission.CAN_VIEW)
         key = _memory_id(envelope)
-        owner = self._owner(access.workspace_id, access.space_id)
+        owner = _owner(access.workspace_id, access.space_id)
         current, entities = await asyncio.gather(self._current(owner, key),
                                                  self._entities(access.space_id))
         if current is None:
@@ -423,14 +473,14 @@ class SpaceMemoriesActor:
             return Extracted(memory_ids=[])
         entity = Entity(user_id=request.participants[0] if len(request.participants) == 1
                         else None, run_id=request.session_id)
-        namespace = await self._namespace(request.space_id, entity)
         sources = [derived_from(request.session_id, e.sequence_id) for e in events]
         # The same events give the same keys: an extraction retried after the caller gave up
         # on one that did finish stores new versions of the same memories, not copies.
         run = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:24]
-        stored = await self._remember_all(
-            self._owner(request.workspace_id, request.space_id),
-            f"{space_owner(request.space_id)}:lifecycle", namespace, texts,
-            EXTRACTED_RETENTION_DAYS, sources,
+        writer = _Writer.of(request.workspace_id, request.space_id,
+                            request.member_id or space.created_by, EXTRACTED_RETENTION_DAYS,
+                            credential="lifecycle", derived_from=tuple(sources))
+        stored = await self._remember_about(
+            request.space_id, entity, writer, texts,
             keys=[f"{run}{index:08x}" for index in range(len(texts))])
         return Extracted(memory_ids=[key for key, _ in stored])

@@ -3,12 +3,14 @@
 It owns `DIR/spaces.duckdb` (single writer). Public commands (`mem.space.spaces.*`,
 `mem.space.shares.*`) carry a member token; the directory resolves it afresh at every request,
 so a member whose flag is turned off, or whose share is revoked, loses access at once. Every
-actor serving a space route asks `mem.int.spaces.access` first.
+actor serving a space route asks `mem.int.spaces.access` first. Creating a space takes from the
+member's quota of spaces (`storage.quotas`), counted by this single writer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,14 +28,15 @@ from memgate.contracts.sessions import SpaceDeleted
 from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
 from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
-    AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, Permission,
-    ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
+    AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled,
+    Permission, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
 from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
+from memgate.storage.quotas import SPACES, Quota
 from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
 
 def _shown(url: str | None) -> str | None:
@@ -63,8 +66,10 @@ class SpacesActor:
     name = "spaces"
 
     def __init__(self, *, path: Path, bus: Requester, partitions: int = 1,
-                 llm_models: Sequence[str], llm_origins: Sequence[Origin] = ()) -> None:
+                 llm_models: Sequence[str], llm_origins: Sequence[Origin] = (),
+                 quota: Quota = SPACES) -> None:
         self._path = path
+        self._quota = quota
         self._bus = bus
         self._partitions = partitions
         self._llm_models = tuple(llm_models)
@@ -73,7 +78,7 @@ class SpacesActor:
         self._store: SpaceStore | None = None
 
     async def start(self) -> None:
-        self._store = await self._serial(SpaceStore, self._path)
+        self._store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))
 
     async def stop(self) -> None:
         if self._store is not None:
@@ -94,8 +99,8 @@ class SpacesActor:
         for operation, handler in public.items():
             router.subscriber(subjects.space(operation))(replying(enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
-            "access": self.access, "entity": self.entity, "entities": self.entities,
-            "subject": self.subject, "llm": self.llm,
+            "access": self.access, "entity": self.entity, "settle": self.settle,
+            "entities": self.entities, "subject": self.subject, "llm": self.llm,
         }
         for operation, answer in internal.items():
             router.subscriber(subjects.spaces_internal(operation))(replying(answer))
@@ -150,11 +155,21 @@ class SpacesActor:
         return await self._serial(self._access, member, request.space_id)
 
     async def entity(self, payload: bytes) -> Entity:
+        """The entity's namespace; a new entity's is only reserved until `settle`."""
         request = parse(EntityRequest, payload)
         ids = request.entity
-        row = await self._serial(self.store.entity, request.space_id, ids.user_id, ids.agent_id,
-                                 ids.run_id)
+        row = await self._serial(self.store.entity, request.space_id,
+                                 (ids.user_id, ids.agent_id, ids.run_id))
         return _entity(row)
+
+    async def settle(self, payload: bytes) -> Done:
+        """An add about an entity ended: a new entity is written only if it stored memories."""
+        settled = parse(EntitySettled, payload)
+        ids = settled.entity
+        await self._serial(partial(self.store.settle, settled.space_id,
+                                   (ids.user_id, ids.agent_id, ids.run_id),
+                                   stored=settled.stored))
+        return Done()
 
     async def entities(self, payload: bytes) -> Entities:
         request = parse(EntitiesRequest, payload)
@@ -169,7 +184,8 @@ class SpacesActor:
         if space is None:
             raise NotFoundError("no such memory space")
         return SpaceLlm(space_id=space.space_id, workspace_id=space.workspace_id,
-                        llm_model_name=space.llm_model_name, llm_base_url=space.llm_base_url)
+                        created_by=space.created_by, llm_model_name=space.llm_model_name,
+                        llm_base_url=space.llm_base_url)
 
     async def subject(self, payload: bytes) -> SubjectTarget:
         """For an erasure: the spaces (storage owners) and namespaces that hold an end user's

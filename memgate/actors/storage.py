@@ -166,7 +166,7 @@ class StorageActor:
                 memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
                 text=command.text, retention_days=command.retention_days,
                 citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
-                derived_from=tuple(command.derived_from)))
+                derived_from=tuple(command.derived_from), member_id=command.member_id))
         except LimitReachedError as reached:
             if reached.retry_after is not None:
                 raise RateLimitedError(

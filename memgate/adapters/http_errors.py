@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memgate.contracts.errors import (
-    ErrorCode, ForbiddenError, InternalError, MemgateError, MethodNotAllowedError,
+    RATE_LIMITED, ErrorCode, ForbiddenError, InternalError, MemgateError, MethodNotAllowedError,
     NotFoundError, PayloadTooLargeError, UnauthenticatedError, UnavailableError,
     ValidationFailedError,
 )
@@ -53,15 +53,18 @@ _WHEN = {
     403: "INSUFFICIENT_SCOPE, FORBIDDEN, AGENT_MEMORY_DISABLED, NON_RETAINING_WORKSPACE, "
          "AGENT_CONTEXT_SET_SCOPE_REFUSED, MEMORY_SPACES_DISABLED",
     404: "NOT_FOUND: unknown id, or one the caller may not see",
-    409: "AGENT_MEMORY_FULL: the member's version limit is reached; CONFLICT: the request "
+    409: "AGENT_MEMORY_FULL: the member's version limit is reached; MEMORY_SPACE_FULL: the "
+         "member's limit of spaces, sessions or events is reached; CONFLICT: the request "
          "conflicts with the state (e.g. a lifecycle strategy that already ran)",
     412: "PRECONDITION_FAILED: If-Match or createdAt names a state that has changed; re-read",
     413: "PAYLOAD_TOO_LARGE: the body exceeds the limit (MEMGATE_MAX_BODY_BYTES)",
     422: "UNPROCESSABLE: well-formed, but a memory-space rule refuses it (SPEC §4.1–§4.3)",
-    429: "AGENT_MEMORY_RATE_LIMITED: the remember rate is reached (see Retry-After)",
+    429: "AGENT_MEMORY_RATE_LIMITED: the remember rate is reached; MEMORY_SPACE_RATE_LIMITED: "
+         "the member's hourly rate of spaces, sessions or events is reached (see Retry-After)",
     503: "UNAVAILABLE: no actor answered in time; retry",
 }
 COMMON = (400, 401, 403, 404, 413, 503)
+QUOTA = (409, 429)  # what a member may hold, and make per hour (spaces, sessions, events)
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -70,11 +73,15 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for status in sorted(statuses)}
 
 
-def error_response(exc: MemgateError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(exc: MemgateError, headers: Mapping[str, str] | None = None,
+                   **beside: Any) -> JSONResponse:
+    """The §3.10 body (with `beside` fields next to `error`, e.g. mem0's `detail`); a rate
+    limit's refusal says when to retry in `Retry-After`."""
     headers = dict(headers or {})
-    if exc.code is ErrorCode.AGENT_MEMORY_RATE_LIMITED:
+    if exc.code in RATE_LIMITED:
         headers["Retry-After"] = str(exc.details.get("retryAfterSeconds", 60))
-    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details}}
+    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details},
+            **beside}
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 

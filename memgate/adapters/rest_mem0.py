@@ -20,11 +20,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from memgate.adapters.http_errors import COMMON, responses
+from memgate.adapters.http_errors import COMMON, error_response, responses
 from memgate.adapters.routing import Mark, Send, token_of
 from memgate.bus import subjects
 from memgate.contracts import Contract
-from memgate.contracts.errors import ErrorCode, MemgateError
+from memgate.contracts.errors import MemgateError
 from memgate.contracts.mem0 import (
     AddResults, History, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchResults,
 )
@@ -47,12 +47,7 @@ WRITES = responses(*COMMON, 409, 429)
 
 def mem0_error(exc: MemgateError) -> JSONResponse:
     """The §3.10 shape, with mem0's `detail` (its client reads the message from it)."""
-    headers: dict[str, str] = {}
-    if exc.code is ErrorCode.AGENT_MEMORY_RATE_LIMITED:
-        headers["Retry-After"] = str(exc.details.get("retryAfterSeconds", 60))
-    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details},
-            "detail": exc.message}
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    return error_response(exc, detail=exc.message)
 
 
 class Mem0Route(APIRoute):

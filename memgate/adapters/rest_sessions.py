@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 
-from memgate.adapters.http_errors import COMMON, responses
+from memgate.adapters.http_errors import COMMON, QUOTA, responses
 from memgate.adapters.routing import CallerToken, Mark, Send
 from memgate.bus import subjects
 from memgate.contracts import Done
@@ -36,7 +36,8 @@ def _etag(response: Response, session: SessionView) -> SessionView:
 def router(send: Send, mark: Mark) -> APIRouter:
     routes = APIRouter(prefix="/memory/{spaceId}/sessions", tags=["memory sessions"])
 
-    @routes.post("", responses=ERRORS, openapi_extra=_schema("CreateSession"))
+    @routes.post("", responses=responses(*COMMON, 422, *QUOTA),
+                 openapi_extra=_schema("CreateSession"))
     @mark(_subject("create"), SessionView)
     async def session_create(spaceId: PathId, body: JsonObject, token: CallerToken,
                              response: Response) -> SessionView:
@@ -75,7 +76,8 @@ def router(send: Send, mark: Mark) -> APIRouter:
             params["ifMatch"] = if_match
         return await send(_subject("delete"), Done, token, {}, **params)
 
-    @routes.post("/{sessionId}/events", responses=ERRORS, openapi_extra=_schema("EventIn"))
+    @routes.post("/{sessionId}/events", responses=responses(*COMMON, 422, *QUOTA),
+                 openapi_extra=_schema("EventIn"))
     @mark(_subject("events.append"), EventView)
     async def session_events_append(spaceId: PathId, sessionId: PathId, body: JsonObject,
                                     token: CallerToken) -> EventView | EventList:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from memgate.adapters.http_errors import COMMON, responses
+from memgate.adapters.http_errors import COMMON, QUOTA, responses
 from memgate.adapters.routing import CallerToken, Mark, Send
 from memgate.bus import subjects
 from memgate.contracts import Done
@@ -20,7 +20,7 @@ SPACE_ERRORS = responses(*COMMON, 422)
 def router(send: Send, mark: Mark) -> APIRouter:
     routes = APIRouter(prefix="/memory/spaces", tags=["memory spaces"])
 
-    @routes.post("", responses=SPACE_ERRORS)
+    @routes.post("", responses=responses(*COMMON, 422, *QUOTA))
     @mark(subjects.space("spaces.create"), SpaceView)
     async def create_space(body: CreateSpace, token: CallerToken) -> SpaceView:
         return await send(subjects.space("spaces.create"), SpaceView, token, body)

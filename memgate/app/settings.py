@@ -59,7 +59,17 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=4 * 1024 * 1024)
 
     limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
-    limit_versions_per_member: int = Field(default=5000, ge=1)  # per member and workspace
+    # per member and workspace: every version they wrote, agent memories and every space's
+    limit_versions_per_member: int = Field(default=5000, ge=1)
+    # Memory spaces, sessions and events, per member and workspace: at most so many held (the
+    # spaces and sessions they created, the events they posted; 409 MEMORY_SPACE_FULL) and at
+    # most so many made in any hour (429 MEMORY_SPACE_RATE_LIMITED, with Retry-After).
+    limit_spaces_per_member: int = Field(default=100, ge=1)
+    limit_spaces_per_hour: int = Field(default=20, ge=1)
+    limit_sessions_per_member: int = Field(default=10_000, ge=1)
+    limit_sessions_per_hour: int = Field(default=600, ge=1)
+    limit_events_per_member: int = Field(default=100_000, ge=1)
+    limit_events_per_hour: int = Field(default=3_600, ge=1)
     # How often the reaper purges what is past retention (SPEC §3.9); also at once when an
     # owner changes retentionDays.
     reaper_interval_s: float = Field(default=600.0, gt=0)

@@ -40,6 +40,7 @@ from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
 from memgate.runtime.actor import Actor
 from memgate.storage import Limits
+from memgate.storage.quotas import Quota
 
 log = logging.getLogger("memgate")
 
@@ -138,7 +139,9 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         "spaces": lambda: SpacesActor(path=data / "spaces.duckdb", bus=bus("spaces"),
                                       partitions=settings.partitions,
                                       llm_models=settings.spaces_llm_models,
-                                      llm_origins=settings.allowed_llm_origins()),
+                                      llm_origins=settings.allowed_llm_origins(),
+                                      quota=Quota("spaces", settings.limit_spaces_per_member,
+                                                  settings.limit_spaces_per_hour)),
         "sessions": lambda: SessionsActor(
             path=data / "sessions.duckdb", bus=bus("sessions"),
             rules=Rules(never_enabled=settings.sessions_never_enabled,
@@ -146,7 +149,11 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             interval_s=settings.lifecycle_interval_s, retry_s=settings.lifecycle_retry_s,
             retry_max_s=settings.lifecycle_retry_max_s,
             extract_timeout_s=settings.lifecycle_extract_timeout_s,
-            purge_after_s=settings.sessions_purge_after_s),
+            purge_after_s=settings.sessions_purge_after_s,
+            quotas=(Quota("sessions", settings.limit_sessions_per_member,
+                          settings.limit_sessions_per_hour),
+                    Quota("events", settings.limit_events_per_member,
+                          settings.limit_events_per_hour))),
     }
     for partition in settings.partition_names():
         makers |= {

@@ -119,7 +119,8 @@ ROLES: Final[dict[str, Role]] = {
                    _ready("sessions"), subjects.dump("sessions", ">")),
         callers=("erasure", "spaces", "keys")),
     "space-memories": Role(  # the mem0-compatible API: stateless, like governance
-        publish=(*(subjects.spaces_internal(op) for op in ("access", "entity", "entities", "llm")),
+        publish=(*(subjects.spaces_internal(op)
+                   for op in ("access", "entity", "settle", "entities", "llm")),
                  *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
                  subjects.recall_internal()),
         subscribe=(subjects.space("memories.>"), subjects.space_memories_internal(">"),

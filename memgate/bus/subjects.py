@@ -44,7 +44,8 @@ def space(operation: str) -> str:
 
 
 def spaces_internal(operation: str) -> str:
-    """The spaces actor's answers to other actors: `access`, `entity`, `entities`."""
+    """The spaces actor's answers to other actors: `access`, `entity` (reserve), `settle`,
+    `entities`, `llm`, `subject`."""
     return f"mem.int.spaces.{operation}"
 
 

@@ -22,6 +22,8 @@ class ErrorCode(StrEnum):
     AGENT_MEMORY_FULL = "AGENT_MEMORY_FULL"
     AGENT_MEMORY_RATE_LIMITED = "AGENT_MEMORY_RATE_LIMITED"
     MEMORY_SPACES_DISABLED = "MEMORY_SPACES_DISABLED"
+    MEMORY_SPACE_FULL = "MEMORY_SPACE_FULL"
+    MEMORY_SPACE_RATE_LIMITED = "MEMORY_SPACE_RATE_LIMITED"
     UNPROCESSABLE = "UNPROCESSABLE"
     CONFLICT = "CONFLICT"
     PRECONDITION_FAILED = "PRECONDITION_FAILED"
@@ -45,6 +47,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.AGENT_MEMORY_FULL: 409,
     ErrorCode.AGENT_MEMORY_RATE_LIMITED: 429,
     ErrorCode.MEMORY_SPACES_DISABLED: 403,
+    ErrorCode.MEMORY_SPACE_FULL: 409,
+    ErrorCode.MEMORY_SPACE_RATE_LIMITED: 429,
     ErrorCode.UNPROCESSABLE: 422,
     ErrorCode.CONFLICT: 409,
     ErrorCode.PRECONDITION_FAILED: 412,
@@ -52,7 +56,10 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL: 500,
 }
 
-RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.AGENT_MEMORY_RATE_LIMITED})
+# Refusals that say when to retry (`details.retryAfterSeconds`; REST adds `Retry-After`).
+RATE_LIMITED = frozenset({ErrorCode.AGENT_MEMORY_RATE_LIMITED,
+                          ErrorCode.MEMORY_SPACE_RATE_LIMITED})
+RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, *RATE_LIMITED})
 
 
 class MemgateError(Exception):
@@ -160,6 +167,21 @@ class MemorySpacesDisabledError(MemgateError):
     code = ErrorCode.MEMORY_SPACES_DISABLED
 
 
+class MemorySpaceFullError(MemgateError):
+    """A member's limit of spaces, sessions or events is reached: `details` names it
+    (`limit`: spaces, sessions or events) and its `max`."""
+
+    code = ErrorCode.MEMORY_SPACE_FULL
+
+
+class MemorySpaceRateLimitedError(MemgateError):
+    """A member made as many spaces, sessions or events in the last hour as allowed:
+    `details` names the limit (`spacesPerHour`, `sessionsPerHour`, `eventsPerHour`), its
+    `max` and `retryAfterSeconds`."""
+
+    code = ErrorCode.MEMORY_SPACE_RATE_LIMITED
+
+
 class UnprocessableError(MemgateError):
     """Well-formed, but a rule of memory spaces refuses it (SPEC §4.1–§4.3): a 422."""
 
@@ -196,7 +218,8 @@ ERROR_TYPES: dict[ErrorCode, type[MemgateError]] = {
         AgentMemoryEmptyError, AgentMemoryPersonalDataError,
         UnauthenticatedError, InsufficientScopeError, ForbiddenError, AgentMemoryDisabledError,
         NonRetainingWorkspaceError, ContextSetScopeRefusedError, NotFoundError,
-        AgentMemoryFullError, RateLimitedError, MemorySpacesDisabledError, UnprocessableError,
+        AgentMemoryFullError, RateLimitedError, MemorySpacesDisabledError, MemorySpaceFullError,
+        MemorySpaceRateLimitedError, UnprocessableError,
         ConflictError, PreconditionFailedError, UnavailableError, InternalError,
     )
 }

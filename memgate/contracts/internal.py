@@ -35,6 +35,7 @@ class Owner(Contract):
 class StoreRemember(Contract):
     owner: Owner
     credential_id: str
+    member_id: str  # who writes it: the member whose version limit counts it (SPEC §3.9)
     namespace: str
     key: str | None = None
     collection_id: str | None = None

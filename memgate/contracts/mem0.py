@@ -150,6 +150,7 @@ class SpaceLlm(Contract):
 
     space_id: str
     workspace_id: str
+    created_by: str  # the member who created the space
     llm_model_name: str | None = None
     llm_base_url: str | None = None
 

@@ -179,6 +179,9 @@ class ExtractRequest(Contract):
     session_id: str
     participants: list[str]
     events: list[ExtractEvent]
+    # whose version limit the memories count against: the session's creator (None: a session
+    # from before sessions kept it; then the space's creator)
+    member_id: str | None = None
 
 
 class Extracted(Contract):

@@ -104,10 +104,20 @@ class Entity(Contract):
 
 
 class EntityRequest(Contract):
-    """The namespace of this entity in the space, issued on first use."""
+    """The namespace of this entity in the space: its own, or for a new entity one reserved
+    for the add that asks, kept only if that add's memories are stored (`EntitySettled`)."""
 
     space_id: str
     entity: Entity
+
+
+class EntitySettled(Contract):
+    """An add about an entity ended (`mem.int.spaces.settle`): with its memories `stored`
+    (a new entity's row is written now) or refused (nothing of a new entity is kept)."""
+
+    space_id: str
+    entity: Entity
+    stored: bool
 
 
 class EntitiesRequest(Contract):
@@ -120,5 +130,6 @@ class Entities(Contract):
 
 __all__ = [
     "AccessRequest", "CreateSpace", "Entities", "EntitiesRequest", "Entity", "EntityRequest",
+    "EntitySettled",
     "Permission", "ShareSpace", "SpaceAccess", "SpaceList", "SpaceRole", "SpaceView",
 ]

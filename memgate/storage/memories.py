@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 
+from memgate.contracts.internal import SPACE_OWNER_PREFIX
 from memgate.storage import compaction, outbox
 from memgate.storage.memory_rows import (
     Filters, LimitReachedError, Limits, Remember, Stored, StoredEvent, key_of, naive, stored_json,
@@ -25,7 +26,7 @@ CREATE TABLE IF NOT EXISTS memories (
     memory_id      VARCHAR   NOT NULL,
     seq            BIGINT    NOT NULL,
     tenant         VARCHAR   NOT NULL,  -- workspace id (SPEC §5.1)
-    subject_id     VARCHAR   NOT NULL,  -- the member the memory belongs to
+    subject_id     VARCHAR   NOT NULL,  -- whose: the member, or space-<spaceId> (a space's)
     credential_id  VARCHAR   NOT NULL,
     namespace      VARCHAR   NOT NULL,
     key            VARCHAR,
@@ -37,7 +38,8 @@ CREATE TABLE IF NOT EXISTS memories (
     superseded_at  TIMESTAMP,
     expires_at     TIMESTAMP NOT NULL,
     legal_hold     BOOLEAN   NOT NULL,
-    citations      VARCHAR   DEFAULT '[]'  -- JSON: passage, document, version, sha256
+    citations      VARCHAR   DEFAULT '[]',  -- JSON: passage, document, version, sha256
+    member_id      VARCHAR   -- who wrote it: the member whose version limit counts it
 );
 -- The hourly rate limit counts a credential's remembers of the last hour: its versions created
 -- in it, and these, the versions of it that were deleted since (forget does not erase a remember).
@@ -54,7 +56,7 @@ CREATE TABLE IF NOT EXISTS relayed (
 
 
 _DEFAULT_LIMITS = Limits()
-_Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, subject), instant
+_Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, member), instant
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,11 @@ class _Written:
 _MEMORIES = (
     "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, namespace, key, "
     "collection_id, text, classification, derived_from, created_at, superseded_at, expires_at, "
-    "legal_hold, citations)",
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, ?, ?, false, ?)",
+    "legal_hold, citations, member_id)",
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, ?, ?, false, ?, ?)",
     "SELECT unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), "
     "unnest(?), unnest(?), 'personal', unnest(?::VARCHAR[][]), unnest(?::TIMESTAMP[]), "
-    "unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), false, unnest(?)")
+    "unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), false, unnest(?), unnest(?)")
 _REMEMBER_LOG = ("INSERT INTO remember_log", "(?, ?)",
                  "SELECT unnest(?), unnest(?::TIMESTAMP[])")
 _OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
@@ -113,6 +115,14 @@ class MemoryStore(MemoryReads):
         self._db.execute(SCHEMA)
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS citations VARCHAR "
                          "DEFAULT '[]'")  # data directories from before citations
+        # Versions from before the writer was kept: an agent memory's is its member; a space's
+        # is named by its credential, `space-<spaceId>:<memberId>` (an extracted one's,
+        # `…:lifecycle`, is no member's). Restored old backups come back without it too.
+        self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS member_id VARCHAR")
+        self._db.execute(
+            "UPDATE memories SET member_id = CASE WHEN starts_with(subject_id, ?) "
+            "THEN split_part(credential_id, ':', 2) ELSE subject_id END WHERE member_id IS NULL",
+            [SPACE_OWNER_PREFIX])
         highest, last = self._one("SELECT coalesce(max(seq), 0), max(created_at) FROM memories")
         # seq never repeats (events' ids come from it). A remember does not persist the mark:
         # its version carries its seq; a deletion, which may take the highest, persists it.
@@ -137,7 +147,7 @@ class MemoryStore(MemoryReads):
         # kept up to date by every write below (this store is the file's only writer): no scan
         # of the tables per remember. A new way of writing `memories` must keep them too.
         self._window: dict[str, deque[datetime]] = {}  # credential → remembers of the last hour
-        self._counted: dict[tuple[str, str], int] = {}  # (tenant, subject) → versions
+        self._counted: dict[tuple[str, str], int] = {}  # (tenant, member) → versions written
 
     def close(self) -> None:
         self._unsent.flush(self._db)
@@ -163,11 +173,12 @@ class MemoryStore(MemoryReads):
 
     def remember(self, filters: Filters, *, memory_id: str, credential_id: str, text: str,
                  retention_days: int, limits: Limits = _DEFAULT_LIMITS,
-                 citations: Sequence[dict[str, Any]] = ()) -> Stored:
+                 citations: Sequence[dict[str, Any]] = (), member_id: str | None = None) -> Stored:
         """One remember alone (`remember_group` of one); a refusal raises `LimitReachedError`."""
         [outcome] = self.remember_group([Remember(
             filters, memory_id=memory_id, credential_id=credential_id, text=text,
-            retention_days=retention_days, citations=tuple(citations))], limits)
+            retention_days=retention_days, citations=tuple(citations),
+            member_id=member_id)], limits)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -175,8 +186,9 @@ class MemoryStore(MemoryReads):
     def remember_group(self, items: Sequence[Remember],
                        limits: Limits = _DEFAULT_LIMITS) -> list[Stored | Exception]:
         """Remember a group at once (group commit), each as if alone and in order: the limits
-        count the earlier ones of the group, a later version of a key supersedes an earlier
-        one. One outcome per item: what it stored, or the `LimitReachedError` that refused it.
+        count the earlier ones of the group (the version limit per writing member, across
+        every owner), a later version of a key supersedes an earlier one. One outcome per
+        item: what it stored, or the `LimitReachedError` that refused it.
         The group's rows are one INSERT (with the UPDATE of what it supersedes, one
         transaction), and each version's event is built from its row: no outbox row to write.
         Should the writing fail, each item is tried alone, so that one bad item fails no other."""
@@ -189,9 +201,9 @@ class MemoryStore(MemoryReads):
                 return [exc]
             return [outcome for item in items
                     for outcome in self.remember_group([item], limits)]
-        for credential, owner, created in counted:
+        for credential, writer, created in counted:
             self._window[credential].append(created)
-            self._counted[owner] += 1
+            self._counted[writer] += 1
         if written is not None:
             self._high = max(self._high, written.versions[-1].seq)
             self._mirror.committed(written.versions, written.superseded)
@@ -228,17 +240,18 @@ class MemoryStore(MemoryReads):
             recent[credential] = (len(window), window[0] if window else None)
         return recent
 
-    def _versions(self, owners: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
-        """How many versions each owner (tenant, subject) has."""
-        if missing := owners - self._counted.keys():
-            self._counted.update((owner, 0) for owner in missing)
-            for tenant, subject, count in self._db.execute(
-                    "SELECT tenant, subject_id, count(*) FROM memories WHERE list_contains(?, "
-                    "tenant) AND list_contains(?, subject_id) GROUP BY tenant, subject_id",
-                    [sorted({t for t, _ in missing}), sorted({s for _, s in missing})]).fetchall():
-                if (tenant, subject) in missing:
-                    self._counted[(tenant, subject)] = count
-        return {owner: self._counted[owner] for owner in owners}
+    def _versions(self, writers: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """How many versions each member (tenant, member) wrote, in every owner's memories:
+        their agent memories and every space's (the version limit is the member's)."""
+        if missing := writers - self._counted.keys():
+            self._counted.update((writer, 0) for writer in missing)
+            for tenant, member, count in self._db.execute(
+                    "SELECT tenant, member_id, count(*) FROM memories WHERE list_contains(?, "
+                    "tenant) AND list_contains(?, member_id) GROUP BY tenant, member_id",
+                    [sorted({t for t, _ in missing}), sorted({m for _, m in missing})]).fetchall():
+                if (tenant, member) in missing:
+                    self._counted[(tenant, member)] = count
+        return {writer: self._counted[writer] for writer in writers}
 
     def _remember_all(self, items: Sequence[Remember], limits: Limits
                       ) -> tuple[list[Stored | Exception], list[_Counted], _Written | None]:
@@ -248,22 +261,22 @@ class MemoryStore(MemoryReads):
         db = self._db
         hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
         recent = self._recent(sorted({i.credential_id for i in items}), hour_ago)
-        versions = self._versions({(i.filters.tenant, i.filters.subject_id) for i in items})
+        versions = self._versions({(i.filters.tenant, i.writer) for i in items})
         outcomes: list[Stored | Exception | None] = []  # None: accepted, stored below
         accepted: list[tuple[int, Remember, datetime]] = []  # (outcome index, item, created)
         for item in items:
             count, oldest = recent.get(item.credential_id, (0, None))
-            owner = (item.filters.tenant, item.filters.subject_id)
+            writer = (item.filters.tenant, item.writer)
             if count >= limits.remembers_per_hour:
                 assert oldest is not None
                 wait = int((oldest - hour_ago).total_seconds()) + 1
                 outcomes.append(LimitReachedError("rate", min(3600, max(1, wait))))
-            elif versions.get(owner, 0) >= limits.versions_per_member:
+            elif versions.get(writer, 0) >= limits.versions_per_member:
                 outcomes.append(LimitReachedError("versions"))
             else:
                 created = self._instant()
                 recent[item.credential_id] = (count + 1, oldest or created)
-                versions[owner] = versions.get(owner, 0) + 1
+                versions[writer] = versions.get(writer, 0) + 1
                 accepted.append((len(outcomes), item, created))
                 outcomes.append(None)
         if not accepted:
@@ -284,7 +297,7 @@ class MemoryStore(MemoryReads):
              item.filters.collection_id, item.text,
              [*(c["passageId"] for c in item.citations), *item.derived_from],
              created, superseded_at[position], created + timedelta(days=item.retention_days),
-             json.dumps(list(item.citations)))
+             json.dumps(list(item.citations)), item.writer)
             for position, (_, item, created) in enumerate(accepted)]
         if newest:  # superseding: the UPDATE and the INSERT commit together
             with transaction(db):
@@ -302,7 +315,7 @@ class MemoryStore(MemoryReads):
                               row[6], row[7], row[8], row[10], row[11], row[13]) for row in rows],
             superseded=superseded)
         return [o for o in outcomes if o is not None], [
-            (item.credential_id, (item.filters.tenant, item.filters.subject_id), created)
+            (item.credential_id, (item.filters.tenant, item.writer), created)
             for _, item, created in accepted], written
 
     def _supersede(self, accepted: list[tuple[int, Remember, datetime]],
@@ -380,21 +393,21 @@ class MemoryStore(MemoryReads):
         legal holds kept); one event per owner; the file marked for compaction."""
         db = self._db
         hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
-        returning = "RETURNING tenant, subject_id, memory_id, credential_id, created_at"
+        returning = "RETURNING tenant, subject_id, memory_id, credential_id, created_at, member_id"
         with transaction(db):
             deleted_rows = db.execute(f"DELETE FROM memories WHERE {where} {returning}",
                                       params).fetchall()
             sources = deleted_rows
             while sources:  # per tenant: list_has_any is ~10x cheaper than a correlated join
                 by_tenant: dict[str, list[str]] = {}
-                for tenant, _, deleted, _, _ in sources:
+                for tenant, _, deleted, *_ in sources:
                     by_tenant.setdefault(tenant, []).append(deleted)
                 sources = [row for tenant, ids in by_tenant.items() for row in db.execute(
                     "DELETE FROM memories WHERE legal_hold = false AND tenant = ? "
                     f"AND list_has_any(derived_from, ?) {returning}", [tenant, ids]).fetchall()]
                 deleted_rows += sources
-            rows = [(tenant, owner, deleted) for tenant, owner, deleted, _, _ in deleted_rows]
-            if counted := [(credential, created) for *_, credential, created in deleted_rows
+            rows = [(tenant, owner, deleted) for tenant, owner, deleted, *_ in deleted_rows]
+            if counted := [(credential, created) for *_, credential, created, _ in deleted_rows
                            if created > hour_ago]:  # the rate limit still counts them
                 _insert(db, _REMEMBER_LOG, counted)
             by_owner: dict[tuple[str, str], list[str]] = {}
@@ -414,9 +427,9 @@ class MemoryStore(MemoryReads):
         self._high = high
         self._mirror.deleted(rows)
         self._unsent.committed(events)
-        for owner_key, ids in by_owner.items():
-            if owner_key in self._counted:
-                self._counted[owner_key] -= len(ids)
+        for tenant, *_, writer in deleted_rows:
+            if (tenant, writer) in self._counted:
+                self._counted[(tenant, writer)] -= 1
         if rows:
             self.deletions_pending = True
         return [deleted for _, _, deleted in rows]

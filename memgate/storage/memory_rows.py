@@ -38,7 +38,7 @@ class Stored:
 @dataclass(frozen=True)
 class Limits:
     remembers_per_hour: int = 120  # per credential
-    versions_per_member: int = 5000  # per member and workspace, every version counted
+    versions_per_member: int = 5000  # per member and workspace, every version they wrote
 
 
 class LimitReachedError(Exception):
@@ -72,6 +72,12 @@ class Remember:
     retention_days: int
     citations: tuple[dict[str, Any], ...] = ()
     derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
+    member_id: str | None = None  # who writes it (a space's memory); None: its owner
+
+    @property
+    def writer(self) -> str:
+        """The member whose version limit counts this version."""
+        return self.member_id if self.member_id is not None else self.filters.subject_id
 
 
 # The payload of the event announcing a stored version, built from its row (so a file needs no

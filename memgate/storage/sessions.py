@@ -7,6 +7,11 @@ session's participants: a conversation is about each of them, and erasure finds 
 `classification`, `derived_from`, `created_at`, `expires_at` (when soft_delete will hide it,
 as known now; NULL when no strategy will), `legal_hold`. Event bodies are stored masked.
 Instants are naive UTC in the file, aware UTC outside this module.
+
+Sessions and events are per-member quotas (`storage.quotas`): a session names the member who
+created it (`created_by`), an event the member who posted it (`member_id`); each member holds at
+most so many of each, and makes at most so many of each in any hour (rows from before members
+were kept count against no one).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from memgate.storage import compaction
-from memgate.storage.transaction import transaction
 from memgate.storage.directory import new_id
+from memgate.storage.quotas import EVENTS, SESSIONS, Key, Quota, Usage
+from memgate.storage.transaction import transaction
 
 CLASSIFICATION = "personal"  # a conversation log is personal data about its participants
 
@@ -41,7 +47,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     last_event_at  TIMESTAMP,
     expires_at     TIMESTAMP,
     hidden_at      TIMESTAMP,            -- soft_delete ran (or deleted while on legal hold)
-    legal_hold     BOOLEAN   NOT NULL
+    legal_hold     BOOLEAN   NOT NULL,
+    created_by     VARCHAR               -- the member who created it (their quota)
 );
 CREATE TABLE IF NOT EXISTS lifecycle_runs (
     session_id VARCHAR NOT NULL, type VARCHAR NOT NULL, trigger VARCHAR NOT NULL,
@@ -63,6 +70,7 @@ CREATE TABLE IF NOT EXISTS events (
     updated_at     TIMESTAMP NOT NULL,
     expires_at     TIMESTAMP,
     legal_hold     BOOLEAN   NOT NULL,
+    member_id      VARCHAR,              -- the member who posted it (their quota)
     PRIMARY KEY (session_id, sequence_id)
 );
 """
@@ -70,9 +78,12 @@ CREATE TABLE IF NOT EXISTS events (
 _SESSION_COLUMNS = ("session_id", "space_id", "tenant", "subject_ids", "description",
                     "strategies", "version", "next_seq", "classification", "derived_from",
                     "created_at", "updated_at", "last_event_at", "expires_at", "hidden_at",
-                    "legal_hold")
+                    "legal_hold", "created_by")
 _EVENT_COLUMNS = ("sequence_id", "emitter_type", "emitter_id", "event_type", "body",
                   "created_at", "updated_at")
+_APPENDED = ("session_id", "sequence_id", "space_id", "tenant", "subject_ids", "emitter_type",
+             "emitter_id", "event_type", "body", "classification", "derived_from", "created_at",
+             "updated_at", "expires_at", "legal_hold", "member_id")
 
 
 def _naive(instant: datetime | None) -> datetime | None:
@@ -110,6 +121,7 @@ class SessionRow:
     hidden_at: datetime | None = None
     legal_hold: bool = False
     runs: dict[str, Run] = field(default_factory=dict)
+    created_by: str | None = None  # None: a session from before creators were kept
 
     @property
     def visible(self) -> bool:
@@ -142,9 +154,12 @@ def _event(values: Sequence[Any]) -> EventRow:
 
 
 class SessionStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, sessions: Quota = SESSIONS,
+                 events: Quota = EVENTS) -> None:
         self._path = path
         self._db = compaction.open_owned(path, SCHEMA)
+        for table, column in (("sessions", "created_by"), ("events", "member_id")):
+            self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} VARCHAR")
         self.deletions_pending = False
         runs: dict[str, dict[str, Run]] = {}
         for session_id, kind, trigger, ran_at in self._db.execute(
@@ -162,7 +177,27 @@ class SessionStore:
                 updated_at=_utc(row["updated_at"]),
                 last_event_at=_aware(row["last_event_at"]), expires_at=_aware(row["expires_at"]),
                 hidden_at=_aware(row["hidden_at"]), legal_hold=row["legal_hold"],
-                runs=runs.get(row["session_id"], {}))
+                runs=runs.get(row["session_id"], {}), created_by=row["created_by"])
+        self.sessions_usage = Usage(sessions, count=self._sessions_held,
+                                    made=self._sessions_made)
+        self.events_usage = Usage(events, count=self._events_held, made=self._events_made)
+
+    def _sessions_held(self, key: Key) -> int:
+        return sum(1 for row in self._sessions.values() if (row.tenant, row.created_by) == key)
+
+    def _sessions_made(self, key: Key, since: datetime) -> list[tuple[datetime, int]]:
+        return [(row.created_at, 1) for row in self._sessions.values()
+                if (row.tenant, row.created_by) == key and row.created_at > since]
+
+    def _events_held(self, key: Key) -> int:
+        found = self._db.execute("SELECT count(*) FROM events WHERE tenant = ? AND member_id = ?",
+                                 list(key)).fetchone()
+        return int(found[0]) if found else 0
+
+    def _events_made(self, key: Key, since: datetime) -> list[tuple[datetime, int]]:
+        return [(_utc(at), count) for at, count in self._db.execute(
+            "SELECT created_at, count(*) FROM events WHERE tenant = ? AND member_id = ? "
+            "AND created_at > ? GROUP BY created_at", [*key, _naive(since)]).fetchall()]
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
@@ -188,16 +223,21 @@ class SessionStore:
 
     def create(self, space_id: str, tenant: str, participants: Sequence[str], description: str,
                strategies: Sequence[dict[str, Any]], now: datetime,
-               expires_at: datetime | None) -> SessionRow:
+               expires_at: datetime | None, *, created_by: str) -> SessionRow:
+        """A session created by a member, within their quota (else MEMORY_SPACE_FULL or
+        MEMORY_SPACE_RATE_LIMITED)."""
+        self.sessions_usage.check((tenant, created_by), 1, now)
         row = SessionRow(new_id("ses"), space_id, tenant, tuple(participants), description,
-                         tuple(strategies), 1, 0, now, now, expires_at=expires_at)
+                         tuple(strategies), 1, 0, now, now, expires_at=expires_at,
+                         created_by=created_by)
         self._db.execute(
             f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) VALUES "
             f"({', '.join('?' * len(_SESSION_COLUMNS))})",
             [row.session_id, space_id, tenant, list(participants), description,
              json.dumps(list(strategies)), 1, 0, CLASSIFICATION, [], _naive(now), _naive(now),
-             None, _naive(expires_at), None, False])
+             None, _naive(expires_at), None, False, created_by])
         self._sessions[row.session_id] = row
+        self.sessions_usage.took((tenant, created_by), 1, now)
         return row
 
     def update(self, row: SessionRow, *, description: str, strategies: Sequence[dict[str, Any]],
@@ -257,7 +297,13 @@ class SessionStore:
 
     def _delete_rows(self, session_ids: list[str]) -> None:
         """Inside a transaction: these sessions, their events and runs (not rows on legal
-        hold), the file marked for the rewrite that takes them off the disk."""
+        hold), the file marked for the rewrite that takes them off the disk; what their
+        creators and posters hold is counted again on next use."""
+        self.sessions_usage.stale((row.tenant, row.created_by) for session_id in session_ids
+                                  if (row := self._sessions.get(session_id)) is not None)
+        self.events_usage.stale(self._db.execute(
+            "SELECT DISTINCT tenant, member_id FROM events WHERE list_contains(?, session_id)",
+            [session_ids]).fetchall())
         for table in ("events", "lifecycle_runs", "sessions"):
             hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
             self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id){hold}",
@@ -270,21 +316,25 @@ class SessionStore:
     # --- events ---
 
     def append(self, row: SessionRow, events: Sequence[NewEvent], now: datetime,
-               expires_at: datetime | None) -> tuple[SessionRow, list[EventRow]]:
+               expires_at: datetime | None, *, member_id: str,
+               ) -> tuple[SessionRow, list[EventRow]]:
         """All of `events` in one transaction, numbered from the session's next sequenceId,
-        or none of them."""
+        or none of them; posted by a member, within their quota (else MEMORY_SPACE_FULL or
+        MEMORY_SPACE_RATE_LIMITED)."""
+        self.events_usage.check((row.tenant, member_id), len(events), now)
         first = row.next_seq
         stored = [EventRow(first + n, e.emitter_type, e.emitter_id, e.event_type, e.body, now,
                            now) for n, e in enumerate(events)]
-        placeholders = ", ".join(["(" + ", ".join("?" * 15) + ")"] * len(stored))
+        placeholders = ", ".join(["(" + ", ".join("?" * 16) + ")"] * len(stored))
         values: list[Any] = []
         for event in stored:
             values += [row.session_id, event.sequence_id, row.space_id, row.tenant,
                        list(row.participants), event.emitter_type, event.emitter_id,
                        event.event_type, event.body, CLASSIFICATION, [], _naive(now),
-                       _naive(now), _naive(expires_at), row.legal_hold]
+                       _naive(now), _naive(expires_at), row.legal_hold, member_id]
         with transaction(self._db):
-            self._db.execute(f"INSERT INTO events VALUES {placeholders}", values)
+            self._db.execute(f"INSERT INTO events ({', '.join(_APPENDED)}) VALUES {placeholders}",
+                             values)
             self._db.execute(
                 "UPDATE sessions SET next_seq = ?, last_event_at = ?, expires_at = ? "
                 "WHERE session_id = ?",
@@ -295,6 +345,7 @@ class SessionStore:
         new = replace(row, next_seq=first + len(stored), last_event_at=now,
                       expires_at=expires_at)
         self._sessions[row.session_id] = new
+        self.events_usage.took((row.tenant, member_id), len(stored), now)
         return new, stored
 
     def events(self, session_id: str, last_n: int) -> list[EventRow]:

@@ -3,7 +3,12 @@ spaces actor, mirrored in memory (the actor is its only writer, so the mirror is
 
 The entities table maps a space's mem0 `user_id` / `agent_id` / `run_id` to an opaque storage
 namespace: the ids may be personal, so they stay here, in one file that erasure can reach,
-and never in the memory store.
+and never in the memory store. A new entity's namespace is first only reserved (in memory, so
+that adds about it at the same time share it) and written only once the memory store accepted
+a memory about it (`settle`): a refused add leaves no row, and no id, in the file.
+
+Spaces are a per-member quota (`storage.quotas`): at most so many created by each member, and
+so many created by them in any hour.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from memgate.contracts.base import canonical_id
 from memgate.storage import compaction
 from memgate.storage.directory import new_id
+from memgate.storage.quotas import SPACES, Key, Quota, Usage
 from memgate.storage.transaction import transaction
 
 SCHEMA = """
@@ -58,8 +64,11 @@ class EntityRow:
         return self.user_id, self.agent_id, self.run_id
 
 
+Ids = tuple[str | None, str | None, str | None]  # an entity's (user_id, agent_id, run_id)
+
+
 class SpaceStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, quota: Quota = SPACES) -> None:
         self._path = path
         self._db = compaction.open_owned(path, SCHEMA)
         self._spaces = {row[0]: SpaceRow(*row) for row in
@@ -67,10 +76,21 @@ class SpaceStore:
         self._shares: dict[str, dict[str, str]] = {}
         for space_id, member_id, role in self._db.execute("SELECT * FROM shares").fetchall():
             self._shares.setdefault(space_id, {})[member_id] = role
-        self._entities: dict[str, dict[tuple[str | None, ...], EntityRow]] = {}
+        self._entities: dict[str, dict[Ids, EntityRow]] = {}
         for row in self._db.execute("SELECT * FROM entities").fetchall():
             entity = EntityRow(*row)
             self._entities.setdefault(entity.space_id, {})[entity.ids] = entity
+        # New entities being stored about, not yet in the file: (row, adds still under way).
+        self._reserved: dict[str, dict[Ids, tuple[EntityRow, int]]] = {}
+        self.usage = Usage(quota, count=self._held, made=self._made)
+
+    def _held(self, key: Key) -> int:
+        return sum(1 for space in self._spaces.values()
+                   if (space.workspace_id, space.created_by) == key)
+
+    def _made(self, key: Key, since: datetime) -> list[tuple[datetime, int]]:
+        return [(space.created_at, 1) for space in self._spaces.values()
+                if (space.workspace_id, space.created_by) == key and space.created_at > since]
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
@@ -78,8 +98,12 @@ class SpaceStore:
 
     def create(self, workspace_id: str, member_id: str, description: str,
                llm_model_name: str | None, llm_base_url: str | None) -> SpaceRow:
+        """A space created by the member, within their quota (else MEMORY_SPACE_FULL or
+        MEMORY_SPACE_RATE_LIMITED)."""
+        now = datetime.now(UTC).replace(tzinfo=None)
+        self.usage.check((workspace_id, member_id), 1, now)
         row = SpaceRow(new_id("sp"), workspace_id, description, llm_model_name, llm_base_url,
-                       member_id, datetime.now(UTC).replace(tzinfo=None))
+                       member_id, now)
         with transaction(self._db):
             self._db.execute("INSERT INTO spaces VALUES (?, ?, ?, ?, ?, ?, ?)",
                              list(astuple(row)))
@@ -87,6 +111,7 @@ class SpaceStore:
                              [row.space_id, member_id])
         self._spaces[row.space_id] = row
         self._shares[row.space_id] = {member_id: "owner"}
+        self.usage.took((workspace_id, member_id), 1, now)
         return row
 
     def space(self, space_id: str) -> SpaceRow | None:
@@ -123,21 +148,38 @@ class SpaceStore:
                 self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
             compaction.mark(self._db)
         self._db = compaction.rewrite(self._db, self._path)  # its end users' ids leave the file
-        self._spaces.pop(space_id, None)
+        gone = self._spaces.pop(space_id, None)
         self._shares.pop(space_id, None)
         self._entities.pop(space_id, None)
+        self._reserved.pop(space_id, None)
+        if gone is not None:
+            self.usage.stale([(gone.workspace_id, gone.created_by)])
 
-    def entity(self, space_id: str, user_id: str | None, agent_id: str | None,
-               run_id: str | None) -> EntityRow:
-        """This entity's namespace in the space, issued on first use."""
-        known = self._entities.setdefault(space_id, {})
-        ids = (user_id, agent_id, run_id)
-        if ids in known:
-            return known[ids]
-        row = EntityRow(space_id, f"m0-{secrets.token_hex(10)}", *ids)
-        self._db.execute("INSERT INTO entities VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
-        known[ids] = row
+    def entity(self, space_id: str, ids: Ids) -> EntityRow:
+        """This entity's namespace in the space: its row's, or one reserved for an add about a
+        new entity, which `settle` then writes (stored) or gives up (refused)."""
+        if (known := self._entities.get(space_id, {}).get(ids)) is not None:
+            return known
+        reserved = self._reserved.setdefault(space_id, {})
+        row, adds = reserved.get(ids) or (EntityRow(space_id, f"m0-{secrets.token_hex(10)}",
+                                                    *ids), 0)
+        reserved[ids] = (row, adds + 1)
         return row
+
+    def settle(self, space_id: str, ids: Ids, *, stored: bool) -> None:
+        """An add about a reserved entity ended: with memories stored (the row is written,
+        once), or none (the reservation ends with the last add that holds it)."""
+        reserved = self._reserved.get(space_id, {})
+        if ids not in reserved:  # written already, or the space was deleted meanwhile
+            return
+        row, adds = reserved.pop(ids)
+        if stored:
+            self._db.execute("INSERT INTO entities VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
+            self._entities.setdefault(space_id, {})[ids] = row
+        elif adds > 1:
+            reserved[ids] = (row, adds - 1)
+        if not reserved:
+            self._reserved.pop(space_id, None)
 
     def entities(self, space_id: str) -> list[EntityRow]:
         return list(self._entities.get(space_id, {}).values())

@@ -35,8 +35,8 @@ class World:
     async def remember(self, text: str, *, key: str | None = None,
                        credential: str = "cred") -> RememberResult:
         return await self.bus.call(subjects.store("p0", "remember"), StoreRemember(
-            owner=OWNER, credential_id=credential, namespace="n", key=key, text=text,
-            retention_days=30), RememberResult)
+            owner=OWNER, credential_id=credential, member_id=OWNER.subject_id, namespace="n",
+            key=key, text=text, retention_days=30), RememberResult)
 
     async def list(self, *, key: str | None = None) -> ListResult:
         return await self.bus.call(subjects.store("p0", "list"),
