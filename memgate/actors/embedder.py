@@ -48,6 +48,10 @@ MODEL_THREADS = 1
 # Events handled at most per batch: when the consumer lags, each batch costs a few round trips to
 # storage per owner and one model call, so bigger batches catch up faster (well within ack_wait).
 EVENT_BATCH = 128
+# Versions a rank embeds itself at most (read-your-writes): the few a recall just remembered,
+# ~2 ms each; more means a backlog (a burst of remembers), which the recall does not wait for
+# (it says `degraded: ["cosine"]`) and the events embed in the background.
+URGENT_MAX = 8
 
 
 class EmbedderActor:
@@ -61,6 +65,8 @@ class EmbedderActor:
         self._bus = bus
         self._batch = batch
         self._model_thread = Serial(f"{self.name}.model", background=True)
+        # a waiting recall's few versions, ahead of the backlog (one ONNX session, two threads)
+        self._urgent_thread = Serial(f"{self.name}.urgent")
         self._store_thread = Serial(f"{self.name}.store")
         self._vectors: VectorStore | None = None
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
@@ -69,8 +75,6 @@ class EmbedderActor:
         self._batcher: Batcher | None = None
         self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # versions being embedded now → done when their vectors are set (or the try failed)
-        self._embedding: dict[str, asyncio.Future[None]] = {}
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
 
@@ -90,6 +94,7 @@ class EmbedderActor:
         if self._vectors is not None:
             await self._store_thread(self._vectors.close)
         self._model_thread.shutdown()
+        self._urgent_thread.shutdown()
         self._store_thread.shutdown()
 
     @property
@@ -149,21 +154,15 @@ class EmbedderActor:
         from storage), in one hop to the model thread and one transaction: under load a batch
         of events spans many owners, and a hop and a transaction per owner would cost more."""
         wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
-                  if (missing := [i for i in catalog.unembedded() if i not in self._embedding])}
-        if not wanted:
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        claimed = [i for _, missing in wanted.values() for i in missing]
-        self._embedding.update(dict.fromkeys(claimed, done))
-        try:
-            await self._embed(wanted, at_hand)
-        finally:
-            for memory_id in claimed:
-                self._embedding.pop(memory_id, None)
-            done.set_result(None)
+                  if (missing := catalog.unembedded())}
+        await self._embed(wanted, at_hand, self._model_thread)
 
     async def _embed(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
-                     at_hand: dict[Owner, dict[str, str]]) -> None:
+                     at_hand: dict[Owner, dict[str, str]], thread: Serial) -> None:
+        """Embed these versions on `thread`; each vector is kept once (a rank and the events
+        may embed the same version meanwhile: the first to finish keeps its vector)."""
+        if not wanted:
+            return
 
         async def texts(owner: Owner, missing: list[str]) -> list[OwnedText]:
             held = at_hand.get(owner, {})
@@ -181,17 +180,20 @@ class EmbedderActor:
         if not fetched:
             return
         assert self._embedder is not None, "start() first"
-        matrix = await self._model_thread(self._embedder.embed,
-                                          [item.text for _, _, items in fetched for item in items])
-        ids = [item.memory_id for _, _, items in fetched for item in items]
-        owners = [(owner.tenant, owner.subject_id) for owner, _, items in fetched for _ in items]
-        await self._store_thread(self.vectors.put, ids, owners, matrix)
-        start = 0
-        for _, catalog, items in fetched:
-            catalog.set_vectors([item.memory_id for item in items],
-                                matrix[start:start + len(items)])
-            catalog.set_speakers({item.memory_id: context.speaker(item.text) for item in items})
+        matrix = await thread(self._embedder.embed,
+                              [item.text for _, _, items in fetched for item in items])
+        kept, ids, owners, start = [], [], [], 0
+        for owner, catalog, items in fetched:  # no await from here to the catalogs' update
+            rows = matrix[start:start + len(items)]
             start += len(items)
+            fresh = catalog.lacking([item.memory_id for item in items])
+            items = [item for item, new in zip(items, fresh, strict=True) if new]
+            catalog.set_vectors([item.memory_id for item in items], rows[np.asarray(fresh)])
+            catalog.set_speakers({item.memory_id: context.speaker(item.text) for item in items})
+            kept.append(rows[np.asarray(fresh)])
+            ids += [item.memory_id for item in items]
+            owners += [(owner.tenant, owner.subject_id)] * len(items)
+        await self._store_thread(self.vectors.put, ids, owners, np.vstack(kept))
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work
@@ -225,15 +227,14 @@ class EmbedderActor:
 
     async def _embedded(self, owner: Owner, catalog: Catalog) -> None:
         """Read-your-writes by meaning (SPEC §3.5): every version the catalog holds has its
-        vector before it is ranked; those not yet embedded are embedded now (or awaited, when
-        the events are embedding them). The recall's deadline bounds the wait: past it the
-        answer says `degraded: ["cosine"]`, never that it is complete without them."""
-        if not catalog.unembedded():
-            return
-        waiting = {self._embedding[i] for i in catalog.unembedded() if i in self._embedding}
-        await self.embed_missing({owner: catalog}, {})
-        await asyncio.gather(*waiting)
-        if catalog.unembedded():  # an embedding failed: no ranking that claims to be complete
+        vector before it is ranked; the few not embedded yet are embedded now, on a thread of
+        their own ahead of the backlog. More than `URGENT_MAX` (a backlog) or a failure: no
+        ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
+        missing = catalog.unembedded()
+        if len(missing) > URGENT_MAX:
+            raise UnavailableError("memories are still being embedded")
+        await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
+        if catalog.unembedded():
             raise UnavailableError("some memories are not embedded yet")
 
     async def rank(self, payload: bytes) -> Ranking:

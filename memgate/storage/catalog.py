@@ -264,6 +264,11 @@ class Catalog:
         """The versions that have no vector yet."""
         return [self._ids[row] for row in np.flatnonzero(~self._c.embedded[: self._n])]
 
+    def lacking(self, memory_ids: list[str]) -> list[bool]:
+        """For each id, whether the catalog holds it without a vector."""
+        rows = [self._row.get(memory_id) for memory_id in memory_ids]
+        return [row is not None and not self._c.embedded[row] for row in rows]
+
     def set_vectors(self, memory_ids: list[str], matrix: np.ndarray) -> None:
         assert self._c.vectors is not None, "a catalog without vectors"
         for memory_id, vector in zip(memory_ids, matrix, strict=True):

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from memgate.actors import embedder as embedder_module
-from memgate.actors.embedder import EmbedderActor
+from memgate.actors.embedder import URGENT_MAX, EmbedderActor
 from memgate.bus import subjects
+from memgate.contracts.errors import ErrorCode, MemgateError
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
 from memgate.runtime.actor import BACKGROUND_NICE
@@ -94,6 +95,15 @@ async def test_a_memory_whose_event_has_not_come_is_embedded_when_ranked_and_onl
     embedded = sum(len(call) for call in world.model.calls)
     await world.stored("a", "b")
     assert sum(len(call) for call in world.model.calls) == embedded
+
+
+async def test_a_rank_does_not_wait_for_a_backlog_it_says_the_channel_is_missing(
+        world: World) -> None:
+    world.texts.update({f"m{i}": f"budget note {i}" for i in range(URGENT_MAX + 1)})
+    with pytest.raises(MemgateError) as refused:  # the recall answers `degraded: ["cosine"]`
+        await world.rank("budget", min_seq=len(world.texts))
+    assert refused.value.code == ErrorCode.UNAVAILABLE
+    assert world.model.calls == [["warm up"]]  # the backlog is left to the events
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
