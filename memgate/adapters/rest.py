@@ -284,6 +284,9 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     @app.delete("/api/w/{wsId}/ask-history/settings/agent-memories", tags=["settings"],
                 responses=responses(*COMMON))
     async def purge_workspace_memories(wsId: PathId, token: Token) -> ForgetResult:
+        """The owner deletes every member's agent memories without reading them (a count comes
+        back). Members' memory spaces are not touched: a space goes with its own explicit call,
+        `DELETE /memory/spaces/{spaceId}` by its owner, or with an erasure."""
         return await call(subjects.admin("owner.purge"), ForgetResult, token, {}, wsId=wsId)
 
     @app.post("/api/admin/nats-agents", tags=["admin"], responses=responses(*COMMON))
