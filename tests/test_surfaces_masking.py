@@ -16,7 +16,7 @@ import httpx
 
 from memgate.app.settings import Settings
 from memgate.contracts.sessions import EVENT_BODY_MAX_BYTES
-from tests.conftest import LLM_PORT, Llm, Memgate, run_memgate
+from tests.conftest import ADMIN_TOKEN, LLM_PORT, Llm, Memgate, run_memgate
 from tests.test_sessions import (
     PARTICIPANT, Space, call, enable, new_session, new_space, refused,
 )
@@ -264,3 +264,40 @@ async def test_an_older_spaces_raw_description_is_shown_masked(tmp_path: Path) -
         memgate = await run_memgate(tmp_path, stack)
         shown = await memgate.ok("GET", f"/memory/spaces/{space.space_id}", space.owner.token)
         assert shown["description"] == "bot for [EMAIL]"
+
+
+# --- every free-text field: the directory's and registry's names, an erasure's reason ---
+
+CARD = "4111 1111 1111 1111"
+
+
+async def test_names_holding_personal_data_are_refused_and_an_erasure_reason_is_masked(
+        memgate: Memgate) -> None:
+    owner = await memgate.workspace()
+    ws = f"/api/w/{owner.workspace_id}"
+    named = f"ops for jane.doe@example.com {CARD}"
+    for path, token, body in (
+            ("/api/admin/workspaces", ADMIN_TOKEN, {"name": named}),
+            ("/api/admin/nats-agents", ADMIN_TOKEN, {"name": named}),
+            (f"{ws}/members", owner.token, {"name": named, "role": "editor"}),
+            (f"{ws}/credentials", owner.token, {"name": named, "scopes": ["memory:read"]}),
+            (f"{ws}/collections", owner.token, {"name": named}),
+            (f"{ws}/context-sets", owner.token, {"name": named})):
+        response = await memgate.admin("POST", path, token, body)
+        error = refused(response, 400, "AGENT_MEMORY_PERSONAL_DATA")
+        assert error["details"] == {"field": "name"}, path
+        assert "jane.doe" not in response.text and "4111" not in response.text
+
+    member = await memgate.member(owner)
+    created = await memgate.ok("POST", "/api/admin/erasure-requests", ADMIN_TOKEN,
+                               {"workspaceId": owner.workspace_id,
+                                "subject": {"memberId": member.member_id}})
+    request = f"/api/admin/erasure-requests/{created['requestId']}"
+    await memgate.ok("POST", f"{request}/verify", ADMIN_TOKEN,
+                     {"method": "id-document", "verifiedBy": "dpo"})
+    await memgate.ok("POST", f"{request}/discover", ADMIN_TOKEN)
+    await memgate.ok("POST", f"{request}/decide", ADMIN_TOKEN,
+                     {"holds": [], "reason": f"asked by jane.doe@example.com, card {CARD}"})
+    view = await memgate.ok("GET", request, ADMIN_TOKEN)
+    assert "jane.doe" not in json.dumps(view) and "4111" not in json.dumps(view)
+    assert view["decisionReason"].startswith("asked by ")

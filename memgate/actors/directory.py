@@ -36,6 +36,7 @@ from memgate.contracts.internal import Reaped, Retentions
 from memgate.contracts.registry import Scope as ContextScope
 from memgate.contracts.registry import ScopeRequest
 from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
+from memgate.policy.authorisation import refuse_personal_data
 
 log = logging.getLogger("memgate.directory")
 
@@ -240,6 +241,7 @@ class DirectoryActor:
     async def create_workspace(self, envelope: Envelope) -> WorkspaceCreated:
         self._operator(envelope.token)
         body = parse(CreateWorkspace, envelope.body)
+        refuse_personal_data(name=body.name)
 
         def create() -> WorkspaceCreated:
             workspace_id = self.store.create_workspace(body.name, body.non_retaining)
@@ -252,6 +254,7 @@ class DirectoryActor:
     async def add_member(self, envelope: Envelope) -> MemberToken:
         await self._serial(lambda: self._member(envelope, owner=True))  # authenticate first
         body = parse(AddMember, envelope.body)
+        refuse_personal_data(name=body.name)
 
         def add() -> MemberToken:
             owner = self._member(envelope, owner=True)
@@ -291,6 +294,7 @@ class DirectoryActor:
                 ContextScope)
             if not scope.exists:
                 raise NotFoundError("no such context set", {"field": "contextSetId"})
+        refuse_personal_data(name=body.name)
         if len(set(body.scopes)) != len(body.scopes):
             raise ValidationFailedError("scopes must not repeat")
 
@@ -365,6 +369,7 @@ class DirectoryActor:
     async def create_nats_agent(self, envelope: Envelope) -> NatsAgentCreated:
         self._operator(envelope.token)
         body = parse(CreateNatsAgent, envelope.body)
+        refuse_personal_data(name=body.name)
         seed, public_key = new_agent_seed()
         agent_id, inbox_prefix = await self._serial(self.store.add_nats_agent, body.name,
                                                     public_key)

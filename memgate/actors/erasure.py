@@ -32,6 +32,7 @@ from memgate.contracts.errors import (
 from memgate.contracts.internal import Owner
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
+from memgate.policy.masking import mask
 from memgate.storage.directory import hash_token
 from memgate.storage.erasure import ErasureStore, RequestRow
 
@@ -158,7 +159,7 @@ class ErasureActor:
     async def decide(self, envelope: Envelope) -> ErasureView:
         row = await self._request(envelope, Status.DISCOVERED, Status.DECIDED)
         body = parse(Decide, envelope.body)
-        row.holds, row.decision_reason = list(body.holds), body.reason
+        row.holds, row.decision_reason = list(body.holds), mask(body.reason).text
         row.status = Status.DECIDED.value
         await self._serial(self.store.save, row)
         return self._view(row)

@@ -29,6 +29,7 @@ from memgate.contracts.registry import (
     CreateCollection, DocumentVersion, PutDocument, Scope, ScopeRequest, Verification, Verify,
 )
 from memgate.policy.entities import names_in
+from memgate.policy.authorisation import refuse_personal_data
 from memgate.ports.bus import Publisher, Requester
 from memgate.runtime.actor import Serial, ready_route
 from memgate.storage.directory import hash_token
@@ -98,6 +99,7 @@ class RegistryActor:
 
     async def create_collection(self, envelope: Envelope) -> CollectionCreated:
         body = parse(CreateCollection, envelope.body)
+        refuse_personal_data(name=body.name)
         workspace_id = envelope.params["wsId"]
         collection_id = await self._serial(self.store.create_collection, workspace_id, body.name)
         return CollectionCreated(collection_id=collection_id)
@@ -150,6 +152,7 @@ class RegistryActor:
 
     async def save_context_set(self, envelope: Envelope) -> ContextSetSaved:
         body = parse(ContextSetIn, envelope.body)
+        refuse_personal_data(name=body.name)
         workspace_id = envelope.params["wsId"]
         existing = envelope.params.get("contextSetId")
 
