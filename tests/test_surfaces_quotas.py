@@ -6,6 +6,7 @@ The limits are set the way an operator sets them, as `MEMGATE_LIMIT_*` variables
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -16,7 +17,10 @@ import pytest
 
 from memgate.bus import BusClient, subjects
 from memgate.contracts.errors import AgentMemoryFullError
-from memgate.contracts.spaces import Entities, EntitiesRequest
+from memgate.contracts import Done
+from memgate.contracts.spaces import (
+    Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Scope, ScopeRequest,
+)
 from tests.conftest import Member, Memgate, run_memgate
 from tests.test_spaces import enable, space_of
 
@@ -135,9 +139,12 @@ async def test_a_refused_mem0_add_creates_no_entity(start: Started) -> None:
     space_id = (await space_of(memgate, owner))["id"]
     bus = BusClient(await memgate.internal("space-memories"))
 
-    async def entities() -> list[str | None]:
-        found = await bus.request(subjects.spaces_internal("entities"),
-                                  EntitiesRequest(space_id=space_id), Entities)
+    async def entities() -> list[str]:
+        """The space's entity rows, as the spaces actor resolves a filter and names them."""
+        scope = await bus.request(subjects.spaces_internal("scope"), ScopeRequest(
+            space_id=space_id, filters={"user_id": "*"}), Scope)
+        found = await bus.request(subjects.spaces_internal("entities"), EntitiesRequest(
+            space_id=space_id, namespaces=scope.namespaces), Entities)
         return sorted(str(e.user_id) for e in found.entities)
 
     memory_id = await added(memgate, owner, space_id, "the first user's note", "user-0")
@@ -266,3 +273,37 @@ async def test_events_are_rate_limited_per_member(start: Started) -> None:
     assert (await call(memgate, "POST", path, owner, events(5))).status_code == 200
     listed = await call(memgate, "GET", f"{path}?lastN=200", owner)
     assert len(listed.json()["events"]) == 20
+
+
+async def test_a_space_with_thirteen_thousand_entities_still_answers_its_reads(
+        memgate: Memgate) -> None:
+    """Past ~12,000 entities with long ids the whole entity map no longer fits one bus reply:
+    reads ask only for the entities they show, and filters are resolved where the map is."""
+    owner = await memgate.workspace()
+    await enable(memgate, owner, owner)
+    space_id = (await space_of(memgate, owner))["id"]
+    memory_id = await added(memgate, owner, space_id, "the first user's note", "user-0")
+    bus = BusClient(await memgate.internal("space-memories"))
+
+    async def seed(i: int) -> None:  # what 13,000 accepted adds about as many entities leave
+        entity = Entity(user_id=f"{i:06d}".ljust(200, "u"), agent_id=f"{i:06d}".ljust(200, "a"),
+                        run_id=f"{i:06d}".ljust(200, "r"))
+        await bus.request(subjects.spaces_internal("entity"),
+                          EntityRequest(space_id=space_id, entity=entity), Entity)
+        await bus.request(subjects.spaces_internal("settle"),
+                          EntitySettled(space_id=space_id, entity=entity, stored=True), Done)
+
+    for start in range(0, 13_000, 500):
+        await asyncio.gather(*(seed(i) for i in range(start, start + 500)))
+
+    assert await stored(memgate, owner, space_id) == ["the first user's note"]
+    got = await call(memgate, "GET", f"/memory/{space_id}/v1/memories/{memory_id}/", owner)
+    assert got.status_code == 200, got.text
+    assert got.json()["user_id"] == "user-0"
+    found = await call(memgate, "POST", f"/memory/{space_id}/v3/memories/", owner,
+                       {"filters": {"user_id": "user-0"}})
+    assert [m["memory"] for m in found.json()["results"]] == ["the first user's note"]
+    searched = await call(memgate, "POST", f"/memory/{space_id}/v3/memories/search/", owner,
+                          {"query": "note", "filters": {"user_id": "*"}})
+    assert searched.status_code == 200, searched.text
+    assert [m["user_id"] for m in searched.json()["results"]] == ["user-0"]

@@ -3,14 +3,17 @@
 Stateless (in the `front` group beside governance; any number run in one queue group). For each
 `mem.space.memories.<op>` command: the access check first (`mem.int.spaces.access`: CAN_VIEW to
 read, CAN_UPDATE to add or update, CAN_DELETE to delete), then the mem0 body, masking, the
-entities a filter names resolved to storage namespaces (`mem.int.spaces.entity` / `.entities`),
-and only then storage (the partition's single writer) or recall (the same fused ranking as agent
-memories). A space's memories are stored under the owner `space-<spaceId>` of its workspace, in
-the namespace of their entity, with the mem0 id as their `key`: an update is a new version of
-the key, its history the key's versions, a delete removes every version. Each version names the
-member who wrote it, whose version limit counts it (SPEC §3.9: one limit per member across their
-agent memories and every space). A new entity's namespace is only reserved until its memories
-are stored, so an add that storage refuses leaves no entity row behind.
+entities a filter names resolved to storage namespaces (`mem.int.spaces.scope`), and only then
+storage (the partition's single writer) or recall (the same fused ranking as agent memories);
+who the memories shown are about comes from `.entities`, for their namespaces only (a space's
+whole entity map may not fit in one message).
+
+A space's memories are stored under the owner `space-<spaceId>` of its workspace, in the
+namespace of their entity, with the mem0 id as their `key`: an update is a new version of the
+key, its history the key's versions, a delete removes every version. Each version names the
+member who wrote it, whose version limit counts it (SPEC §3.9: one limit per member, across
+their agent memories and every space). A new entity's namespace is only reserved until its
+memories are stored (`mem.int.spaces.settle`), so an add that storage refuses leaves no entity.
 
 With an LLM (the space has `llmModelName` and `llmBaseUrl`), `add` extracts facts through it
 (`ports.llm`); the LLM sees masked text only. `mem.int.spacemem.extract` does the same for a
@@ -25,7 +28,7 @@ import asyncio
 import hashlib
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -47,12 +50,12 @@ from memgate.contracts.mem0 import (
 )
 from memgate.contracts.spaces import (
     AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Permission,
-    SpaceAccess,
+    Scope, ScopeRequest, SpaceAccess,
 )
 from memgate.policy import extraction
 from memgate.policy.masking import mask
 from memgate.policy.mem0 import (
-    FIELDS, compile_filters, derived_from, entity_of, namespaces, query_filters,
+    FIELDS, compile_filters, derived_from, entity_of, query_filters,
 )
 from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel, unavailable
@@ -221,18 +224,24 @@ class SpaceMemoriesActor:
                                  {"permission": permission.value})
         return access
 
-    async def _entities(self, space_id: str) -> dict[str, Entity]:
-        found = await self._bus.request(subjects.spaces_internal("entities"),
-                                        EntitiesRequest(space_id=space_id), Entities)
+    async def _entities(self, space_id: str, shown: Sequence[Memory]) -> dict[str, Entity]:
+        """Who the memories shown are about, by namespace (only theirs: a space's whole
+        entity map may not fit in one message)."""
+        if not shown:
+            return {}
+        found = await self._bus.request(subjects.spaces_internal("entities"), EntitiesRequest(
+            space_id=space_id, namespaces=sorted({m.namespace for m in shown})), Entities)
         return {e.namespace: e for e in found.entities if e.namespace}
 
-    async def _scope(self, space_id: str, filters: dict[str, Any] | None,
-                     ) -> tuple[list[str] | None, dict[str, Entity]]:
-        """The namespaces a filter selects (None: the whole space) and every entity of the
-        space by namespace (to show who each memory is about)."""
-        predicate = compile_filters(filters)
-        entities = await self._entities(space_id)
-        return namespaces(predicate, entities.values()), entities
+    async def _scope(self, space_id: str, filters: dict[str, Any] | None) -> list[str] | None:
+        """The namespaces a filter selects (None: no filter, the whole space), resolved by the
+        spaces actor beside the entity map; a malformed filter is refused before any hop."""
+        if compile_filters(filters) is None:
+            return None
+        assert filters is not None
+        found = await self._bus.request(subjects.spaces_internal("scope"),
+                                        ScopeRequest(space_id=space_id, filters=filters), Scope)
+        return found.namespaces
 
     async def _current(self, owner: Owner, key: str, as_of: datetime | None = None,
                        ) -> Memory | None:
@@ -341,10 +350,10 @@ class SpaceMemoriesActor:
     async def get(self, envelope: Envelope) -> Mem0Memory:
         access = await self._access(envelope, Permission.CAN_VIEW)
         owner = _owner(access.workspace_id, access.space_id)
-        current, entities = await asyncio.gather(
-            self._current(owner, _memory_id(envelope)), self._entities(access.space_id))
+        current = await self._current(owner, _memory_id(envelope))
         if current is None:
             raise NotFoundError("no such memory")
+        entities = await self._entities(access.space_id, [current])
         return _view(current, entities.get(current.namespace))
 
     async def list_memories(self, envelope: Envelope) -> MemoryPage:
@@ -352,13 +361,14 @@ class SpaceMemoriesActor:
         body = _body(ListMemories, envelope)
         page = _int_param(envelope, "page", 1, 100_000)
         size = _int_param(envelope, "page_size", PAGE_SIZE_MAX, PAGE_SIZE_MAX)
-        allowed, entities = await self._scope(access.space_id, body.filters)
+        allowed = await self._scope(access.space_id, body.filters)
         memories: list[Memory] = []
         if allowed is None or allowed:
             memories = (await self._storage.list(StoreQuery(
                 owner=_owner(access.workspace_id, access.space_id), namespaces=allowed,
                 limit=READ_MAX))).memories
         shown = memories[(page - 1) * size: page * size]
+        entities = await self._entities(access.space_id, shown)
         base = f"/memory/{access.space_id}/v3/memories/?page_size={size}&page="
         return MemoryPage(
             count=len(memories),
@@ -369,13 +379,14 @@ class SpaceMemoriesActor:
     async def search(self, envelope: Envelope) -> SearchResults:
         access = await self._access(envelope, Permission.CAN_VIEW)
         body = _body(SearchMemories, envelope)
-        allowed, entities = await self._scope(access.space_id, body.filters)
+        allowed = await self._scope(access.space_id, body.filters)
         if allowed is not None and not allowed:
             return SearchResults(results=[])
         found = await self._bus.request(subjects.recall_internal(), RecallQuery(
             owner=_owner(access.workspace_id, access.space_id),
             query=mask(body.query).text, namespaces=allowed,
             limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
+        entities = await self._entities(access.space_id, found.memories)
         return SearchResults(
             results=[_view(m, entities.get(m.namespace), score=m.score) for m in found.memories],
             degraded=found.degraded)
@@ -385,11 +396,10 @@ class SpaceMemoriesActor:
         key = _memory_id(envelope)
         body = _body(UpdateMemory, envelope)
         owner = _owner(access.workspace_id, access.space_id)
-        current, entities = await asyncio.gather(self._current(owner, key),
-                                                 self._entities(access.space_id))
+        current = await self._current(owner, key)
         if current is None:
             raise NotFoundError("no such memory")
-        entity = entities.get(current.namespace)
+        entity = (await self._entities(access.space_id, [current])).get(current.namespace)
         if body.text is None:  # metadata only: memgate keeps none
             return _view(current, entity)
         masked = mask(body.text)
@@ -420,7 +430,7 @@ class SpaceMemoriesActor:
             raise ValidationFailedError(
                 "give filters (user_id, agent_id or run_id) to delete memories",
                 {"field": "filters"})
-        allowed, _ = await self._scope(access.space_id, filters)
+        allowed = await self._scope(access.space_id, filters)
         if allowed:
             with contextlib.suppress(NotFoundError):  # nothing left to delete
                 await self._storage.forget(StoreForget(
@@ -432,10 +442,10 @@ class SpaceMemoriesActor:
         access = await self._access(envelope, Permission.CAN_VIEW)
         key = _memory_id(envelope)
         owner = _owner(access.workspace_id, access.space_id)
-        current, entities = await asyncio.gather(self._current(owner, key),
-                                                 self._entities(access.space_id))
+        current = await self._current(owner, key)
         if current is None:
             raise NotFoundError("no such memory")
+        entities = await self._entities(access.space_id, [current])
         chain = [current]  # newest first: each version was current just before the next
         while len(chain) < HISTORY_MAX:
             before = await self._current(owner, key, chain[-1].created_at - ONE_MICROSECOND)

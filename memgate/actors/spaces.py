@@ -29,10 +29,11 @@ from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
 from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled,
-    Permission, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
+    Permission, Scope, ScopeRequest, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
 from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.policy.masking import mask
+from memgate.policy.mem0 import compile_filters, namespaces
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
 from memgate.storage.directory import hash_token
@@ -100,7 +101,8 @@ class SpacesActor:
             router.subscriber(subjects.space(operation))(replying(enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "access": self.access, "entity": self.entity, "settle": self.settle,
-            "entities": self.entities, "subject": self.subject, "llm": self.llm,
+            "entities": self.entities, "scope": self.scope, "subject": self.subject,
+            "llm": self.llm,
         }
         for operation, answer in internal.items():
             router.subscriber(subjects.spaces_internal(operation))(replying(answer))
@@ -172,9 +174,18 @@ class SpacesActor:
         return Done()
 
     async def entities(self, payload: bytes) -> Entities:
+        """The entities of the namespaces a read shows (never the whole map: it may not fit
+        in one message)."""
         request = parse(EntitiesRequest, payload)
-        rows = await self._serial(self.store.entities, request.space_id)
+        rows = await self._serial(self.store.entities, request.space_id, request.namespaces)
         return Entities(entities=[_entity(row) for row in rows])
+
+    async def scope(self, payload: bytes) -> Scope:
+        """The namespaces a mem0 filter selects, resolved here, beside the entity map."""
+        request = parse(ScopeRequest, payload)
+        predicate = compile_filters(request.filters)
+        rows = await self._serial(self.store.entities, request.space_id)
+        return Scope(namespaces=namespaces(predicate, (_entity(row) for row in rows)) or [])
 
     async def llm(self, payload: bytes) -> SpaceLlm:
         """The LLM a space extracts facts with (the space-memories actor, for a session's

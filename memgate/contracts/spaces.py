@@ -8,6 +8,7 @@ other actor that serves a space route (sessions, space memories) asks it `access
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ConfigDict, Field
 
@@ -121,15 +122,30 @@ class EntitySettled(Contract):
 
 
 class EntitiesRequest(Contract):
+    """The entities of these namespaces in the space (what a read shows: a page, at most)."""
+
     space_id: str
+    namespaces: list[str] = Field(max_length=1000)
 
 
 class Entities(Contract):
-    entities: list[Entity]  # every entity seen in the space, each with its namespace
+    entities: list[Entity]  # those of the namespaces asked that the space knows, with them
+
+
+class ScopeRequest(Contract):
+    """The namespaces of the space's entities that a mem0 filter selects (resolved where the
+    entity map is: it may be too large for one message)."""
+
+    space_id: str
+    filters: dict[str, Any]
+
+
+class Scope(Contract):
+    namespaces: list[str]
 
 
 __all__ = [
     "AccessRequest", "CreateSpace", "Entities", "EntitiesRequest", "Entity", "EntityRequest",
-    "EntitySettled",
+    "EntitySettled", "Scope", "ScopeRequest",
     "Permission", "ShareSpace", "SpaceAccess", "SpaceList", "SpaceRole", "SpaceView",
 ]

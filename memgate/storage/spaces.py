@@ -14,6 +14,7 @@ so many created by them in any hour.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -181,8 +182,14 @@ class SpaceStore:
         if not reserved:
             self._reserved.pop(space_id, None)
 
-    def entities(self, space_id: str) -> list[EntityRow]:
-        return list(self._entities.get(space_id, {}).values())
+    def entities(self, space_id: str, namespaces: Collection[str] | None = None
+                 ) -> list[EntityRow]:
+        """The space's entities (those of these namespaces only, when given)."""
+        known = self._entities.get(space_id, {}).values()
+        if namespaces is None:
+            return list(known)
+        wanted = set(namespaces)
+        return [entity for entity in known if entity.namespace in wanted]
 
     def entities_of_user(self, workspace_id: str, user_id: str) -> list[EntityRow]:
         """Every entity naming this end user in the workspace's spaces (an erasure's subject)."""
