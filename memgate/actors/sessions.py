@@ -362,7 +362,7 @@ class SessionsActor:
         now = self._clock()
 
         def apply() -> EventRow:
-            self._visible(access, session_id)
+            row = self._visible(access, session_id)
             event = self.store.event(session_id, int(raw))
             if event is None:
                 raise NotFoundError("no such event")
@@ -371,7 +371,8 @@ class SessionsActor:
                     "the event changed after createdAt; re-read it",
                     {"sequenceId": event.sequence_id,
                      "updatedAt": event.updated_at.isoformat().replace("+00:00", "Z")})
-            return self.store.edit(session_id, event, masked, max(now, event.updated_at + TICK))
+            return self.store.edit(row, event, masked, max(now, event.updated_at + TICK),
+                                   member_id=access.member_id)
 
         edited = await self._serial(apply)
         await self._compacted()  # the old body leaves the file's bytes

@@ -98,7 +98,7 @@ def router(send: Send, mark: Mark) -> APIRouter:
         return await send(_subject("events.list"), EventList, token, {"lastN": lastN},
                           spaceId=spaceId, sessionId=sessionId)
 
-    @routes.patch("/{sessionId}/events/{sequenceId}", responses=responses(*COMMON, 412),
+    @routes.patch("/{sessionId}/events/{sequenceId}", responses=responses(*COMMON, 412, 429),
                   openapi_extra=_schema("EditEvent"))
     @mark(_subject("events.edit"), EventView)
     async def session_events_edit(spaceId: PathId, sessionId: PathId, sequenceId: SequenceId,

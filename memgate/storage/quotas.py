@@ -59,9 +59,10 @@ class Usage:
             window.popleft()
         return window
 
-    def check(self, key: Key, n: int, now: datetime) -> None:
-        """Refuse `n` more for this member now: 429 past the hourly rate (with the seconds
-        until enough of the hour's have aged out), 409 past what they may hold."""
+    def check(self, key: Key, n: int, now: datetime, *, held: int | None = None) -> None:
+        """Refuse `n` more made by this member now, of which `held` (all, by default) will be
+        held: 429 past the hourly rate (with the seconds until enough of the hour's have aged
+        out), 409 past what they may hold."""
         quota = self.quota
         window = self._window(key, now)
         made = sum(count for _, count in window)
@@ -77,17 +78,21 @@ class Usage:
                 f"at most {quota.per_hour} {quota.name} per hour per member",
                 {"limit": f"{quota.name}PerHour", "max": quota.per_hour,
                  "retryAfterSeconds": seconds})
+        more = n if held is None else held
+        if not more:
+            return
         if key not in self._held:
             self._held[key] = self._count(key)
-        if self._held[key] + n > quota.held:
+        if self._held[key] + more > quota.held:
             raise MemorySpaceFullError(f"at most {quota.held} {quota.name} per member",
                                        {"limit": quota.name, "max": quota.held})
 
-    def took(self, key: Key, n: int, now: datetime) -> None:
-        """`n` more were written for this member (after `check`, in the same writer's turn)."""
+    def took(self, key: Key, n: int, now: datetime, *, held: int | None = None) -> None:
+        """`n` more were made by this member, `held` of them held (after `check`, in the same
+        writer's turn)."""
         self._window(key, now).append((now, n))
         if key in self._held:
-            self._held[key] += n
+            self._held[key] += n if held is None else held
 
     def stale(self, keys: Iterable[Key]) -> None:
         """Rows of these members were deleted: count what they hold again on next use."""

@@ -368,14 +368,19 @@ class SessionStore:
             "AND sequence_id = ? AND NOT legal_hold", [session_id, sequence_id]).fetchone()
         return None if found is None else _event(found)
 
-    def edit(self, session_id: str, event: EventRow, body: str, now: datetime) -> EventRow:
-        """The old body leaves the file's bytes with the next `compact` (like a deletion)."""
+    def edit(self, row: SessionRow, event: EventRow, body: str, now: datetime, *,
+             member_id: str) -> EventRow:
+        """The old body leaves the file's bytes with the next `compact` (like a deletion). An
+        edit is one of the member's events of the hour (it rewrites the file), not one more
+        held (else MEMORY_SPACE_RATE_LIMITED)."""
+        self.events_usage.check((row.tenant, member_id), 1, now, held=0)
         with transaction(self._db):
             self._db.execute("UPDATE events SET body = ?, updated_at = ? WHERE session_id = ? "
                              "AND sequence_id = ?",
-                             [body, _naive(now), session_id, event.sequence_id])
+                             [body, _naive(now), row.session_id, event.sequence_id])
             compaction.mark(self._db)
         self.deletions_pending = True
+        self.events_usage.took((row.tenant, member_id), 1, now, held=0)
         return replace(event, body=body, updated_at=now)
 
     # --- erasure (SPEC §5.2, layer 3): what is held about a participant ---
