@@ -268,14 +268,12 @@ async def test_an_older_spaces_raw_description_is_shown_masked(tmp_path: Path) -
 
 # --- every free-text field: the directory's and registry's names, an erasure's reason ---
 
-CARD = "4111 1111 1111 1111"
-
 
 async def test_names_holding_personal_data_are_refused_and_an_erasure_reason_is_masked(
         memgate: Memgate) -> None:
     owner = await memgate.workspace()
     ws = f"/api/w/{owner.workspace_id}"
-    named = f"ops for jane.doe@example.com {CARD}"
+    named = f"ops for {EMAIL} {CARD}"
     for path, token, body in (
             ("/api/admin/workspaces", ADMIN_TOKEN, {"name": named}),
             ("/api/admin/nats-agents", ADMIN_TOKEN, {"name": named}),
@@ -286,7 +284,7 @@ async def test_names_holding_personal_data_are_refused_and_an_erasure_reason_is_
         response = await memgate.admin("POST", path, token, body)
         error = refused(response, 400, "AGENT_MEMORY_PERSONAL_DATA")
         assert error["details"] == {"field": "name"}, path
-        assert "jane.doe" not in response.text and "4111" not in response.text
+        assert EMAIL not in response.text and "4111" not in response.text
 
     member = await memgate.member(owner)
     created = await memgate.ok("POST", "/api/admin/erasure-requests", ADMIN_TOKEN,
@@ -297,7 +295,7 @@ async def test_names_holding_personal_data_are_refused_and_an_erasure_reason_is_
                      {"method": "id-document", "verifiedBy": "dpo"})
     await memgate.ok("POST", f"{request}/discover", ADMIN_TOKEN)
     await memgate.ok("POST", f"{request}/decide", ADMIN_TOKEN,
-                     {"holds": [], "reason": f"asked by jane.doe@example.com, card {CARD}"})
+                     {"holds": [], "reason": f"asked by {EMAIL}, card {CARD}"})
     view = await memgate.ok("GET", request, ADMIN_TOKEN)
-    assert "jane.doe" not in json.dumps(view) and "4111" not in json.dumps(view)
+    assert EMAIL not in json.dumps(view) and "4111" not in json.dumps(view)
     assert view["decisionReason"].startswith("asked by ")
