@@ -182,6 +182,20 @@ async def test_a_spaces_description_is_masked_before_it_is_stored(memgate: Memga
         assert EMAIL.encode() not in data and CARD.encode() not in data, path
 
 
+async def test_a_null_event_body_is_refused_not_a_500(memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    events = f"{space.sessions}/{session['id']}/events"
+    for body in (event("", body=None), {"events": [event("fine"), event("", body=None)]}):
+        error = refused(await call(memgate, "POST", events, space.owner.token, body), 400,
+                        "VALIDATION_ERROR")
+        assert "null" in json.dumps(error["details"])
+    stored = await memgate.ok("POST", events, space.owner.token, event("fine"))
+    edit = await call(memgate, "PATCH", f"{events}/{stored['sequenceId']}", space.owner.token,
+                      {"body": None})
+    refused(edit, 400, "VALIDATION_ERROR")
+
+
 async def test_personal_data_in_an_emitter_id_or_event_type_is_refused(
         memgate: Memgate) -> None:
     space = await new_space(memgate)

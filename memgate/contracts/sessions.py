@@ -107,6 +107,8 @@ def _check_body(body: JsonValue) -> JsonValue:
     """Bounded depth, walked without recursion (a hostile body cannot exhaust the stack), and
     bounded size as sent: a body over EVENT_BODY_MAX_BYTES is refused before anything masks
     it (masking is linear, but a refusal should cost no more than reading the body)."""
+    if body is None:  # a reply leaves out what is None: the event could not be shown
+        raise ValueError("the body must not be null")
     stack: list[tuple[Any, int]] = [(body, 1)]
     while stack:
         value, depth = stack.pop()
