@@ -157,7 +157,9 @@ def actors(
     if settings.nats_url is None:
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
     from memgate.app.serve import run_actors
+    from memgate.runtime.actor import hand_off_the_gil_promptly
 
+    hand_off_the_gil_promptly()
     asyncio.run(run_actors(settings, frozenset(only.split(","))))
 
 

@@ -37,6 +37,7 @@ from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
 from memgate.app.system import Bus, actor_names, external_bus, internal_bus, start_actors
+from memgate.runtime.actor import hand_off_the_gil_promptly
 
 log = logging.getLogger("memgate")
 HTTP_START_TIMEOUT_S = 30.0
@@ -141,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--http-fd", type=int, help="the listening socket of the REST adapter")
     args = parser.parse_args(argv)
     private_files()
+    hand_off_the_gil_promptly()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(name)s[{args.group}] %(levelname)s %(message)s")
     asyncio.run(run_group(Settings(), args.group, args.nats, ready_fd=args.ready_fd,

@@ -34,6 +34,16 @@ class Actor(Protocol):
 # -> 72 ms, REST 437 -> 364 ms; docs/DECISIONS.md).
 BACKGROUND_NICE = 10
 
+# How soon a busy event loop hands the GIL to a worker thread that wants it back (CPython's
+# default: 5 ms). A query's embedding takes the GIL back after each ONNX run and tokenizer
+# call, so beside a busy loop it waited several intervals (bench/gil_handoff.py, DECISIONS.md).
+GIL_SWITCH_S = 0.0005
+
+
+def hand_off_the_gil_promptly() -> None:
+    """For a process whose actors wait on their worker threads (every process of memgate)."""
+    sys.setswitchinterval(GIL_SWITCH_S)
+
 
 def _lower_priority() -> None:
     """This thread yields the CPU to the others while they want it (Linux schedules threads)."""
