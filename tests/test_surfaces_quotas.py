@@ -7,6 +7,7 @@ The limits are set the way an operator sets them, as `MEMGATE_LIMIT_*` variables
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -18,10 +19,14 @@ import pytest
 from memgate.bus import BusClient, subjects
 from memgate.contracts.errors import AgentMemoryFullError
 from memgate.contracts import Done
+from memgate.contracts.internal import Owner, StoreRemember, space_owner
 from memgate.contracts.spaces import (
     Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Scope, ScopeRequest,
 )
+from memgate.ports.storage import BusStorage
 from tests.conftest import Member, Memgate, run_memgate
+from tests.test_erased_bytes import canary, hits, needles
+from tests.test_erasure import erase
 from tests.test_spaces import enable, space_of
 
 PARTICIPANT = "67500a000000000000000001"
@@ -152,11 +157,44 @@ async def test_a_refused_mem0_add_creates_no_entity(start: Started) -> None:
         refused(await add(memgate, owner, space_id, "refused", f"user-{i}"), 409,
                 "AGENT_MEMORY_FULL")
     assert await entities() == ["user-0"]
+    assert hits(memgate.settings.data_dir, [b"user-15"]) == []  # nor its id, in any byte
 
     deleted = await call(memgate, "DELETE", f"/memory/{space_id}/v1/memories/{memory_id}/", owner)
     assert deleted.status_code == 200, deleted.text
     await added(memgate, owner, space_id, "accepted now", "user-1")
     assert await entities() == ["user-0", "user-1"]
+
+
+async def test_an_end_user_whose_add_stopped_before_its_settle_is_still_erased(
+        tmp_path: Path) -> None:
+    """The space-memories actor's part of a new entity's add, played over the bus up to the
+    store; then memgate stops before the settle, as a crash there would. After a restart the
+    memory is shown, and the erasure of its end user finds it and removes it."""
+    user, secret = "64b7f0c2a1b2c3d4e5f607cc", canary()
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        owner = await memgate.workspace()
+        await enable(memgate, owner, owner)
+        space_id = (await space_of(memgate, owner))["id"]
+        bus = BusClient(await memgate.internal("space-memories"))
+        issued = await bus.request(subjects.spaces_internal("entity"), EntityRequest(
+            space_id=space_id, entity=Entity(user_id=user)), Entity)
+        assert issued.namespace is not None
+        writer = space_owner(space_id)
+        await BusStorage(bus, partitions=memgate.settings.partitions).remember(StoreRemember(
+            owner=Owner(tenant=owner.workspace_id, subject_id=writer),
+            member_id=owner.member_id, credential_id=f"{writer}:{owner.member_id}",
+            namespace=issued.namespace, key=uuid.uuid4().hex, text=f"my locker word is {secret}",
+            retention_days=90))
+        # no settle: the process ends here
+
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        assert await stored(memgate, owner, space_id) == [f"my locker word is {secret}"]
+        result = await erase(memgate, {"externalId": user}, owner.workspace_id)
+        assert result["discovered"]["discovery"]["memory_store"] == 1
+        assert await stored(memgate, owner, space_id) == []
+        assert hits(memgate.settings.data_dir, [*needles(secret), user.encode()]) == []
 
 
 # --- spaces, sessions and events: capped and rate-limited per member ---

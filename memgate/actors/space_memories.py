@@ -12,8 +12,9 @@ A space's memories are stored under the owner `space-<spaceId>` of its workspace
 namespace of their entity, with the mem0 id as their `key`: an update is a new version of the
 key, its history the key's versions, a delete removes every version. Each version names the
 member who wrote it, whose version limit counts it (SPEC §3.9: one limit per member, across
-their agent memories and every space). A new entity's namespace is only reserved until its
-memories are stored (`mem.int.spaces.settle`), so an add that storage refuses leaves no entity.
+their agent memories and every space). A new entity's row is written, pending, before its
+memories are stored (an erasure finds it whatever happens next), and settled after
+(`mem.int.spaces.settle`): an add that storage refuses leaves no entity.
 
 With an LLM (the space has `llmModelName` and `llmBaseUrl`), `add` extracts facts through it
 (`ports.llm`); the LLM sees masked text only. `mem.int.spacemem.extract` does the same for a
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ from memgate.ports.storage import BusStorage, Storage
 from memgate.runtime.actor import enveloped, ready_route
 from memgate.storage.directory import hash_token
 
+log = logging.getLogger("memgate.space-memories")
 QUEUE = "space-memories"
 CONCURRENCY = 128  # each command mostly waits on other actors (and the LLM)
 READ_MAX = 10_000  # versions one get_all reads (a space holds at most the version limit)
@@ -253,9 +256,10 @@ class SpaceMemoriesActor:
     async def _remember_about(self, space_id: str, entity: Entity, writer: _Writer,
                               texts: list[str], keys: list[str] | None = None,
                               ) -> list[tuple[str, RememberResult]]:
-        """Each text a memory about `entity`, all or nothing. A new entity's namespace is only
-        reserved until the memories are stored: a refused add leaves no entity behind
-        (`mem.int.spaces.settle`)."""
+        """Each text a memory about `entity`, all or nothing. A new entity's row is written,
+        pending, before the store, then settled (`mem.int.spaces.settle`): a refused add
+        leaves no entity behind. A settle that fails leaves the row pending, which holds: the
+        erasure finds it and reads show it with its memories (`storage.spaces`)."""
         issued = await self._bus.request(subjects.spaces_internal("entity"),
                                          EntityRequest(space_id=space_id, entity=entity), Entity)
         assert issued.namespace is not None, "the spaces actor issues a namespace"
@@ -267,14 +271,13 @@ class SpaceMemoriesActor:
         try:
             stored = await self._remember_all(writer, issued.namespace, texts, keys)
         except Exception:
-            with contextlib.suppress(MemgateError):  # unsettled, it lives in memory only
+            with contextlib.suppress(MemgateError):  # left pending, with no memories: unseen
                 await settle(stored=False)
             raise
         try:
             await settle(stored=True)
-        except MemgateError:
-            await self._forget(writer.owner, [key for key, _ in stored])
-            raise UnavailableError("the memories could not be stored") from None
+        except MemgateError as error:  # the memories stand, their row stays pending
+            log.warning("an entity of space %s stays pending (%s)", space_id, error.code)
         return stored
 
     async def _remember_all(self, writer: _Writer, namespace: str, texts: list[str],

@@ -36,6 +36,7 @@ from memgate.policy.masking import mask
 from memgate.policy.mem0 import compile_filters, namespaces
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
+from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
 from memgate.storage.quotas import SPACES, Quota
 from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
@@ -77,6 +78,7 @@ class SpacesActor:
         self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
         self._store: SpaceStore | None = None
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
 
     async def start(self) -> None:
         self._store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))
@@ -157,7 +159,8 @@ class SpacesActor:
         return await self._serial(self._access, member, request.space_id)
 
     async def entity(self, payload: bytes) -> Entity:
-        """The entity's namespace; a new entity's is only reserved until `settle`."""
+        """The entity's namespace; a new entity's row is written pending, before the store, so
+        that an erasure finds it even if nothing settles it."""
         request = parse(EntityRequest, payload)
         ids = request.entity
         row = await self._serial(self.store.entity, request.space_id,
@@ -165,12 +168,15 @@ class SpacesActor:
         return _entity(row)
 
     async def settle(self, payload: bytes) -> Done:
-        """An add about an entity ended: a new entity is written only if it stored memories."""
+        """An add about an entity ended: a pending row is settled if it stored memories, and
+        deleted, off the file's bytes, if every add about it was refused."""
         settled = parse(EntitySettled, payload)
         ids = settled.entity
         await self._serial(partial(self.store.settle, settled.space_id,
                                    (ids.user_id, ids.agent_id, ids.run_id),
                                    stored=settled.stored))
+        if self.store.deletions_pending:
+            await self._compactions.after_deletion()
         return Done()
 
     async def entities(self, payload: bytes) -> Entities:

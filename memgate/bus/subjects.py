@@ -44,7 +44,7 @@ def space(operation: str) -> str:
 
 
 def spaces_internal(operation: str) -> str:
-    """The spaces actor's answers to other actors: `access`, `entity` (reserve), `settle`,
+    """The spaces actor's answers to other actors: `access`, `entity` (new: pending), `settle`,
     `entities` (of some namespaces), `scope` (a mem0 filter's namespaces), `llm`, `subject`."""
     return f"mem.int.spaces.{operation}"
 

@@ -105,8 +105,9 @@ class Entity(Contract):
 
 
 class EntityRequest(Contract):
-    """The namespace of this entity in the space: its own, or for a new entity one reserved
-    for the add that asks, kept only if that add's memories are stored (`EntitySettled`)."""
+    """The namespace of this entity in the space, for an add about it: its own, or for a new
+    entity a new one, whose row is written pending before the store (an erasure finds it) and
+    kept only if memories are stored (`EntitySettled`)."""
 
     space_id: str
     entity: Entity
@@ -114,7 +115,8 @@ class EntityRequest(Contract):
 
 class EntitySettled(Contract):
     """An add about an entity ended (`mem.int.spaces.settle`): with its memories `stored`
-    (a new entity's row is written now) or refused (nothing of a new entity is kept)."""
+    (a new entity's pending row is settled) or refused (a new entity's row is deleted once
+    every add about it was refused)."""
 
     space_id: str
     entity: Entity

@@ -3,9 +3,20 @@ spaces actor, mirrored in memory (the actor is its only writer, so the mirror is
 
 The entities table maps a space's mem0 `user_id` / `agent_id` / `run_id` to an opaque storage
 namespace: the ids may be personal, so they stay here, in one file that erasure can reach,
-and never in the memory store. A new entity's namespace is first only reserved (in memory, so
-that adds about it at the same time share it) and written only once the memory store accepted
-a memory about it (`settle`): a refused add leaves no row, and no id, in the file.
+and never in the memory store. A new entity's row is written *before* any memory about it is
+stored, pending (`settled` false): should the process die between the store and `settle`, the
+erasure of its end user still finds the namespace (`entities_of_user`), pending or not. `settle`
+marks it settled once the store accepted a memory about it; when every add about a pending row
+this process wrote was refused, the row is deleted (and the file rewritten by the actor: the id
+leaves its bytes), so a refused add leaves no row behind.
+
+A pending row is shown like a settled one, because it shows only through memories: reads name
+the entities of the namespaces their memories are in (`entities`), and a filter's namespaces
+(`entities` of the whole space, for `scope`) select memories, never rows. A pending row without
+memories (a crash before the store, or a lost settle) is therefore never seen by a member; one
+whose memories were stored before a crash is seen with them, and the next add about it that
+stores settles it. A pending row read from the file is never deleted on a refusal: its memories
+may have been stored before the crash. Rows from before the column are settled.
 
 Spaces are a per-member quota (`storage.quotas`): at most so many created by each member, and
 so many created by them in any hour.
@@ -15,7 +26,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,7 +49,9 @@ CREATE TABLE IF NOT EXISTS entities (
     space_id VARCHAR NOT NULL, namespace VARCHAR NOT NULL, user_id VARCHAR, agent_id VARCHAR,
     run_id VARCHAR
 );
+ALTER TABLE entities ADD COLUMN IF NOT EXISTS settled BOOLEAN DEFAULT true;
 """
+ENTITY_COLUMNS = "space_id, namespace, user_id, agent_id, run_id, settled"
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,7 @@ class EntityRow:
     user_id: str | None
     agent_id: str | None
     run_id: str | None
+    settled: bool = True  # false: written before its memories were known to be stored
 
     @property
     def ids(self) -> tuple[str | None, str | None, str | None]:
@@ -78,11 +92,12 @@ class SpaceStore:
         for space_id, member_id, role in self._db.execute("SELECT * FROM shares").fetchall():
             self._shares.setdefault(space_id, {})[member_id] = role
         self._entities: dict[str, dict[Ids, EntityRow]] = {}
-        for row in self._db.execute("SELECT * FROM entities").fetchall():
+        for row in self._db.execute(f"SELECT {ENTITY_COLUMNS} FROM entities").fetchall():
             entity = EntityRow(*row)
             self._entities.setdefault(entity.space_id, {})[entity.ids] = entity
-        # New entities being stored about, not yet in the file: (row, adds still under way).
-        self._reserved: dict[str, dict[Ids, tuple[EntityRow, int]]] = {}
+        # Pending rows this process wrote, none of whose adds stored yet: the adds under way.
+        self._fresh: dict[str, dict[Ids, int]] = {}
+        self.deletions_pending = False  # rows deleted since the last rewrite (`compact`)
         self.usage = Usage(quota, count=self._held, made=self._made)
 
     def _held(self, key: Key) -> int:
@@ -96,6 +111,16 @@ class SpaceStore:
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
         self._db.close()
+
+    def compact(self) -> None:
+        """Rewrite the file with only its live rows: what was deleted leaves every byte of it
+        (`storage.compaction`)."""
+        self.deletions_pending = False  # a deletion from here on needs the next rewrite
+        try:
+            self._db = compaction.rewrite(self._db, self._path)
+        except BaseException:
+            self.deletions_pending = True
+            raise
 
     def create(self, workspace_id: str, member_id: str, description: str,
                llm_model_name: str | None, llm_base_url: str | None) -> SpaceRow:
@@ -148,43 +173,60 @@ class SpaceStore:
             for table in ("spaces", "shares", "entities"):
                 self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
             compaction.mark(self._db)
-        self._db = compaction.rewrite(self._db, self._path)  # its end users' ids leave the file
+        self.compact()  # its end users' ids leave the file
         gone = self._spaces.pop(space_id, None)
         self._shares.pop(space_id, None)
         self._entities.pop(space_id, None)
-        self._reserved.pop(space_id, None)
+        self._fresh.pop(space_id, None)
         if gone is not None:
             self.usage.stale([(gone.workspace_id, gone.created_by)])
 
     def entity(self, space_id: str, ids: Ids) -> EntityRow:
-        """This entity's namespace in the space: its row's, or one reserved for an add about a
-        new entity, which `settle` then writes (stored) or gives up (refused)."""
+        """This entity's namespace in the space, for an add about it: a new entity's row is
+        written now, pending, before the store (`settle` ends the add)."""
         if (known := self._entities.get(space_id, {}).get(ids)) is not None:
+            if ids in (fresh := self._fresh.get(space_id, {})):
+                fresh[ids] += 1  # one more add under way about a row none has stored to yet
             return known
-        reserved = self._reserved.setdefault(space_id, {})
-        row, adds = reserved.get(ids) or (EntityRow(space_id, f"m0-{secrets.token_hex(10)}",
-                                                    *ids), 0)
-        reserved[ids] = (row, adds + 1)
+        row = EntityRow(space_id, f"m0-{secrets.token_hex(10)}", *ids, settled=False)
+        self._db.execute(f"INSERT INTO entities ({ENTITY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                         list(astuple(row)))
+        self._entities.setdefault(space_id, {})[ids] = row
+        self._fresh.setdefault(space_id, {})[ids] = 1
         return row
 
     def settle(self, space_id: str, ids: Ids, *, stored: bool) -> None:
-        """An add about a reserved entity ended: with memories stored (the row is written,
-        once), or none (the reservation ends with the last add that holds it)."""
-        reserved = self._reserved.get(space_id, {})
-        if ids not in reserved:  # written already, or the space was deleted meanwhile
-            return
-        row, adds = reserved.pop(ids)
-        if stored:
-            self._db.execute("INSERT INTO entities VALUES (?, ?, ?, ?, ?)", list(astuple(row)))
-            self._entities.setdefault(space_id, {})[ids] = row
-        elif adds > 1:
-            reserved[ids] = (row, adds - 1)
-        if not reserved:
-            self._reserved.pop(space_id, None)
+        """An add about this entity ended: with memories stored (a pending row is settled), or
+        none (a pending row this process wrote is deleted with the last of its adds, all
+        refused; `deletions_pending` then asks for the rewrite)."""
+        row = self._entities.get(space_id, {}).get(ids)
+        fresh = self._fresh.get(space_id, {})
+        if row is None:  # the space was deleted, or the entity erased, meanwhile
+            fresh.pop(ids, None)
+        elif stored:
+            fresh.pop(ids, None)
+            if not row.settled:
+                self._db.execute("UPDATE entities SET settled = true "
+                                 "WHERE space_id = ? AND namespace = ?",
+                                 [space_id, row.namespace])
+                self._entities[space_id][ids] = replace(row, settled=True)
+        elif ids in fresh:
+            fresh[ids] -= 1
+            if not fresh[ids]:
+                del fresh[ids]
+                with transaction(self._db):
+                    self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
+                                     [space_id, row.namespace])
+                    compaction.mark(self._db)
+                del self._entities[space_id][ids]
+                self.deletions_pending = True
+        if not fresh:
+            self._fresh.pop(space_id, None)
 
     def entities(self, space_id: str, namespaces: Collection[str] | None = None
                  ) -> list[EntityRow]:
-        """The space's entities (those of these namespaces only, when given)."""
+        """The space's entities, pending ones too (those of these namespaces only, when
+        given)."""
         known = self._entities.get(space_id, {}).values()
         if namespaces is None:
             return list(known)
@@ -192,7 +234,8 @@ class SpaceStore:
         return [entity for entity in known if entity.namespace in wanted]
 
     def entities_of_user(self, workspace_id: str, user_id: str) -> list[EntityRow]:
-        """Every entity naming this end user in the workspace's spaces (an erasure's subject)."""
+        """Every entity naming this end user in the workspace's spaces, pending ones too (an
+        erasure's subject: a pending row's memories may have been stored)."""
         return [entity for space in self._spaces.values() if space.workspace_id == workspace_id
                 for entity in self._entities.get(space.space_id, {}).values()
                 if entity.user_id is not None
@@ -207,4 +250,5 @@ class SpaceStore:
             compaction.mark(self._db)
         for entity in entities:
             self._entities.get(entity.space_id, {}).pop(entity.ids, None)
-        self._db = compaction.rewrite(self._db, self._path)  # the ids leave every byte
+            self._fresh.get(entity.space_id, {}).pop(entity.ids, None)
+        self.compact()  # the ids leave every byte
