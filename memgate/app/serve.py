@@ -101,6 +101,9 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
             bus = external_bus(settings, settings.nats_url)
         http = listening_socket(settings.http_host, settings.http_port)
         stack.callback(http.close)
+        # both listen from here on (the socket queues what comes before the front accepts):
+        # recorded before any child starts, so whoever sees memgate answer finds both
+        _record(settings, bus.url, stack, http.getsockname()[1])
         layout = groups(settings)
         # built here once, not by the two children that run the model, at once
         await asyncio.to_thread(settings.compute_model)
@@ -112,7 +115,6 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
         if authority is not None:
             await authority.sync()  # the agents' NATS logins, before the front door opens
         await supervisor.start(FRONT)
-        _record(settings, bus.url, stack, http.getsockname()[1])
         _started(settings, bus.url)
         await stop.wait()
         typer.echo("memgate: draining and stopping")
