@@ -43,19 +43,20 @@ from memgate.contracts.errors import (
     UnavailableError, UnprocessableError, ValidationFailedError,
 )
 from memgate.contracts.internal import (
-    Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, space_owner,
+    Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, StoreRememberAll, space_owner,
 )
 from memgate.contracts.mem0 import (
-    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, ExtractEvent, ExtractRequest,
-    Extracted, History, HistoryEntry, ListMemories, Mem0Memory, Mem0Message, MemoryPage, Message,
-    Ping, SearchMemories, SearchResults, SpaceLlm, SpaceLlmRequest, UpdateMemory,
+    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
+    ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ListMemories, Mem0Memory,
+    Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, SpaceLlm,
+    SpaceLlmRequest, UpdateMemory,
 )
 from memgate.contracts.spaces import (
     AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Permission,
     Scope, ScopeRequest, SpaceAccess,
 )
 from memgate.policy import extraction
-from memgate.policy.masking import mask
+from memgate.policy.masking import Masked, mask
 from memgate.policy.mem0 import (
     FIELDS, compile_filters, derived_from, entity_of, query_filters,
 )
@@ -141,6 +142,35 @@ def _view(memory: Memory, entity: Entity | None, *, score: float | None = None) 
                       created_at=memory.created_at, updated_at=memory.created_at, score=score)
 
 
+@dataclass(frozen=True)
+class _Update:
+    """One update, checked: the key's current version and its new text, masked (None: a
+    metadata-only update, which memgate keeps nothing of)."""
+
+    key: str
+    current: Memory
+    masked: Masked | None
+
+
+def _masked_update(text: str | None, field: str) -> Masked | None:
+    if text is None:
+        return None
+    masked = mask(text)
+    if masked.only_placeholders:
+        raise AgentMemoryEmptyError("nothing is left of the text after masking",
+                                    {"masked": masked.counts, "field": field})
+    return masked
+
+
+def _unique(keys: list[str]) -> None:
+    seen: set[str] = set()
+    for index, key in enumerate(keys):
+        if key in seen:
+            raise ValidationFailedError("a batch names each memory once",
+                                        {"field": f"memories.{index}.memory_id"})
+        seen.add(key)
+
+
 def _owner(workspace_id: str, space_id: str) -> Owner:
     return Owner(tenant=workspace_id, subject_id=space_owner(space_id))
 
@@ -200,6 +230,7 @@ class SpaceMemoriesActor:
             "ping": self.ping, "add": self.add, "get": self.get, "list": self.list_memories,
             "search": self.search, "update": self.update, "delete": self.delete,
             "delete_all": self.delete_all, "history": self.history,
+            "batch_update": self.batch_update, "batch_delete": self.batch_delete,
         }
         for operation, handler in public.items():
             router.subscriber(subjects.space(f"memories.{operation}"), queue=QUEUE,
@@ -389,32 +420,88 @@ class SpaceMemoriesActor:
             owner=_owner(access.workspace_id, access.space_id),
             query=mask(body.query).text, namespaces=allowed,
             limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
-        entities = await self._entities(access.space_id, found.memories)
+        kept = [m for m in found.memories
+                if body.threshold is None or m.score >= body.threshold]
+        entities = await self._entities(access.space_id, kept)
         return SearchResults(
-            results=[_view(m, entities.get(m.namespace), score=m.score) for m in found.memories],
+            results=[_view(m, entities.get(m.namespace), score=m.score) for m in kept],
             degraded=found.degraded)
+
+    async def _checked(self, owner: Owner, items: list[tuple[str, str | None]],
+                       fields: list[str]) -> list[_Update]:
+        """Each (key, text) checked before anything is stored: the key's current version
+        exists, the text keeps something once masked (masking off the loop)."""
+        currents = await asyncio.gather(*(self._current(owner, key) for key, _ in items))
+        for current, field in zip(currents, fields, strict=True):
+            if current is None:
+                raise NotFoundError("no such memory", {"field": field} if field else {})
+        masked = await asyncio.to_thread(lambda: [
+            _masked_update(text, f"{field}.text" if field else "text")
+            for (_, text), field in zip(items, fields, strict=True)])
+        return [_Update(key, current, m) for (key, _), current, m
+                in zip(items, currents, masked, strict=True) if current is not None]
+
+    async def _store_updates(self, access: SpaceAccess, updates: list[_Update],
+                             ) -> list[RememberResult | None]:
+        """Each update's new version, stored together (`remember_all`): if a version or rate
+        limit refuses one, none is stored. None for a metadata-only update."""
+        writer = _Writer.of(access.workspace_id, access.space_id, access.member_id,
+                            access.retention_days)
+        writes = [writer.remember(u.current.namespace, u.key, u.masked.text, u.masked.counts)
+                  for u in updates if u.masked is not None]
+        if len(writes) == 1:  # a single update: group-committed with other remembers
+            results = [await self._storage.remember(writes[0])]
+        elif writes:
+            results = (await self._storage.remember_all(StoreRememberAll(items=writes))).results
+        else:
+            results = []
+        stored = iter(results)
+        return [None if u.masked is None else next(stored) for u in updates]
 
     async def update(self, envelope: Envelope) -> Mem0Memory:
         access = await self._access(envelope, Permission.CAN_UPDATE)
         key = _memory_id(envelope)
         body = _body(UpdateMemory, envelope)
         owner = _owner(access.workspace_id, access.space_id)
-        current = await self._current(owner, key)
-        if current is None:
-            raise NotFoundError("no such memory")
-        entity = (await self._entities(access.space_id, [current])).get(current.namespace)
-        if body.text is None:  # metadata only: memgate keeps none
-            return _view(current, entity)
-        masked = mask(body.text)
-        if masked.only_placeholders:
-            raise AgentMemoryEmptyError("nothing is left of the text after masking",
-                                        {"masked": masked.counts})
-        stored = await self._storage.remember(_Writer.of(
-            access.workspace_id, access.space_id, access.member_id, access.retention_days,
-        ).remember(current.namespace, key, masked.text, masked.counts))
-        updated = current.model_copy(update={"text": masked.text,
-                                             "memory_id": stored.memory_id})
+        [update] = await self._checked(owner, [(key, body.text)], [""])
+        entity = (await self._entities(access.space_id, [update.current])).get(
+            update.current.namespace)
+        [stored] = await self._store_updates(access, [update])
+        if stored is None or update.masked is None:  # metadata only: memgate keeps none
+            return _view(update.current, entity)
+        updated = update.current.model_copy(update={"text": update.masked.text,
+                                                    "memory_id": stored.memory_id})
         return _view(updated, entity).model_copy(update={"updated_at": stored.created_at})
+
+    async def batch_update(self, envelope: Envelope) -> Mem0Message:
+        """mem0's batch_update: every item checked as a single update is, then all stored or
+        none (each new version counts against the member's limits like a single update)."""
+        access = await self._access(envelope, Permission.CAN_UPDATE)
+        body = _body(BatchUpdate, envelope)
+        keys = [item.memory_id for item in body.memories]
+        _unique(keys)
+        owner = _owner(access.workspace_id, access.space_id)
+        updates = await self._checked(
+            owner, [(item.memory_id, item.text) for item in body.memories],
+            [f"memories.{index}" for index in range(len(keys))])
+        await self._store_updates(access, updates)
+        return Mem0Message(message=f"Successfully updated {len(updates)} memories")
+
+    async def batch_delete(self, envelope: Envelope) -> Mem0Message:
+        """mem0's batch_delete: every memory named must exist before any is deleted; all of
+        their versions are then deleted together."""
+        access = await self._access(envelope, Permission.CAN_DELETE)
+        body = _body(BatchDelete, envelope)
+        keys = [item.memory_id for item in body.memories]
+        _unique(keys)
+        owner = _owner(access.workspace_id, access.space_id)
+        currents = await asyncio.gather(*(self._current(owner, key) for key in keys))
+        for index, current in enumerate(currents):
+            if current is None:
+                raise NotFoundError("no such memory", {"field": f"memories.{index}.memory_id"})
+        with contextlib.suppress(NotFoundError):  # deleted meanwhile: deleted all the same
+            await self._storage.forget(StoreForget(owner=owner, keys=keys))  # one transaction
+        return Mem0Message(message=f"Successfully deleted {len(keys)} memories")
 
     async def delete(self, envelope: Envelope) -> Mem0Message:
         access = await self._access(envelope, Permission.CAN_DELETE)

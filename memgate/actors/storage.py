@@ -30,7 +30,7 @@ from memgate.contracts import (
     ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
 )
 from memgate.contracts.errors import (
-    AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
+    MemgateError,     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
 )
 from memgate.contracts.events import (
     REGISTRY_EVENT, CollectionDeleted, DocumentDeleted, RegistryEvent, read_event,
@@ -39,7 +39,8 @@ from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
     SPACE_OWNER_PREFIX, CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters,
-    RecallScope, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery, StoreRemember, Texts,
+    RecallScope, RememberedAll, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery,
+    StoreRemember, StoreRememberAll, Texts,
     TextsRequest,
 )
 from memgate.contracts.internal import Reaped, StoreReap
@@ -132,7 +133,8 @@ class StorageActor:
 
     def _operations(self) -> dict[str, Handler]:
         handlers: dict[str, Handler] = {
-            "remember": self.remember, "list": self.list_memories, "forget": self.forget,
+            "remember": self.remember, "remember_all": self.remember_all,
+            "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
             "purge": self.purge, "subject": self.subject, "reap": self.reap,
@@ -154,31 +156,58 @@ class StorageActor:
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
+    @staticmethod
+    def _remember(command: StoreRemember) -> Remember:
+        owner = command.owner
+        return Remember(
+            Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
+                    command.collection_id),
+            memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
+            text=command.text, retention_days=command.retention_days,
+            citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
+            derived_from=tuple(command.derived_from), member_id=command.member_id)
+
+    def _refusal(self, reached: LimitReachedError) -> MemgateError:
+        if reached.retry_after is not None:
+            return RateLimitedError(
+                f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
+                {"retryAfterSeconds": reached.retry_after})
+        return AgentMemoryFullError(
+            f"at most {self._limits.versions_per_member} memory versions per member",
+            {"limit": self._limits.versions_per_member})
+
     async def remember(self, payload: bytes) -> RememberResult:
         """Committed with whatever other remembers arrive meanwhile (group commit), answered
         after that commit."""
         command = parse(StoreRemember, payload)
-        owner = command.owner
         try:
-            stored = await self._remembers(Remember(
-                Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
-                        command.collection_id),
-                memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
-                text=command.text, retention_days=command.retention_days,
-                citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
-                derived_from=tuple(command.derived_from), member_id=command.member_id))
+            stored = await self._remembers(self._remember(command))
         except LimitReachedError as reached:
-            if reached.retry_after is not None:
-                raise RateLimitedError(
-                    f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
-                    {"retryAfterSeconds": reached.retry_after}) from None
-            raise AgentMemoryFullError(
-                f"at most {self._limits.versions_per_member} memory versions per member",
-                {"limit": self._limits.versions_per_member}) from None
+            raise self._refusal(reached) from None
         finally:
             self._relay.wake()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)
+
+    async def remember_all(self, payload: bytes) -> RememberedAll:
+        """Versions committed together, or none of them if a limit refuses one."""
+        command = parse(StoreRememberAll, payload)
+        items = [self._remember(item) for item in command.items]
+        try:
+            outcomes = await self._serial(lambda: self.store.remember_group(
+                items, self._limits, together=True))
+        finally:
+            self._relay.wake()
+        for outcome in outcomes:
+            if isinstance(outcome, LimitReachedError):
+                raise self._refusal(outcome) from None
+            if isinstance(outcome, Exception):
+                raise outcome
+        return RememberedAll(results=[
+            RememberResult(memory_id=o.memory_id, created_at=o.created_at,
+                           superseded=o.superseded, masked=item.masked)
+            for o, item in zip(outcomes, command.items, strict=True)
+            if not isinstance(o, Exception)])
 
     def _stored_event(self, seq: int, tenant: str, subject_id: str, memory_id: str) -> bytes:
         return MemoryStored(partition=self.partition, owner=Owner(tenant=tenant,
@@ -296,7 +325,8 @@ class StorageActor:
             command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
             namespace=command.namespace, key=command.key,
             collection_ids=None if command.collection_ids is None
-            else tuple(command.collection_ids), namespaces=command.namespaces))
+            else tuple(command.collection_ids), namespaces=command.namespaces,
+            keys=command.keys))
         if not deleted:
             raise NotFoundError("no such memory")
         self._relay.wake()

@@ -145,6 +145,16 @@ def router(send: Send, mark: Mark) -> APIRouter:
     async def mem0_delete_all(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "delete_all", Mem0Message)))
 
+    @routes.put("/v1/batch/", responses=WRITES)
+    async def mem0_batch_update(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "batch_update", Mem0Message,
+                                                body=True)))
+
+    @routes.delete("/v1/batch/", responses=READS)
+    async def mem0_batch_delete(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "batch_delete", Mem0Message,
+                                                body=True)))
+
     @routes.get("/v1/memories/{memoryId}/history/", responses=READS)
     async def mem0_history(request: Request) -> JSONResponse:
         history: History = await forward(request, "history", History)

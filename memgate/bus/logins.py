@@ -121,7 +121,8 @@ ROLES: Final[dict[str, Role]] = {
     "space-memories": Role(  # the mem0-compatible API: stateless, like governance
         publish=(*(subjects.spaces_internal(op)
                    for op in ("access", "entity", "settle", "entities", "scope", "llm")),
-                 *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
+                 *(subjects.store(ANY, op)
+                   for op in ("remember", "remember_all", "list", "forget")),
                  subjects.recall_internal()),
         subscribe=(subjects.space("memories.>"), subjects.space_memories_internal(">"),
                    _ready("space-memories")),

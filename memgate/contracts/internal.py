@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from memgate.contracts.base import Contract
-from memgate.contracts.memory import Memory
+from memgate.contracts.memory import Memory, RememberResult
 from memgate.contracts.registry import Citation
 
 
@@ -46,6 +46,17 @@ class StoreRemember(Contract):
     derived_from: list[str] = Field(default_factory=list, max_length=10_000)  # source records
 
 
+class StoreRememberAll(Contract):
+    """Versions stored together or not at all: if a limit refuses one, none is stored (one
+    owner's, in one partition)."""
+
+    items: list[StoreRemember] = Field(min_length=1, max_length=1000)
+
+
+class RememberedAll(Contract):
+    results: list[RememberResult]  # in the order of the items
+
+
 class StoreQuery(Contract):
     owner: Owner
     namespace: str | None = None
@@ -65,6 +76,7 @@ class StoreForget(Contract):
     key: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
     namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
+    keys: list[str] | None = Field(default=None, max_length=1000)  # any of these (mem0 ids)
 
 
 class StorePurge(Contract):

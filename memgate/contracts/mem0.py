@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from memgate.contracts.base import Contract
+from memgate.contracts.base import ID_MAX, Contract
 from memgate.contracts.sessions import ExtractEvent, ExtractRequest, Extracted
 
 TEXT_MAX = 1000  # a memory's text (SPEC §3.2)
@@ -26,6 +26,7 @@ MESSAGES_MAX = 200
 ENTITY_MAX = 200
 PAGE_SIZE_MAX = 100
 TOP_K_MAX = 50
+BATCH_MAX = 1000  # memories one batch_update or batch_delete names
 
 
 class _Mem0Body(Contract):
@@ -54,6 +55,11 @@ class SearchMemories(_Mem0Body):
     filters: dict[str, Any] | None = None
     top_k: int | None = Field(default=None, ge=1, le=TOP_K_MAX)
     limit: int | None = Field(default=None, ge=1, le=TOP_K_MAX)  # older clients' name
+    # Results whose `score` is below it are left out. The score is memgate's fused score
+    # (Reciprocal Rank Fusion, SPEC §3.5: the sum over channels of w_c / (k + rank_c)), not a
+    # similarity in [0, 1]: with k = 60 and unit weights a memory first in every channel
+    # scores about channels / 61 (under 0.1), so compare against scores search returned.
+    threshold: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class ListMemories(_Mem0Body):
@@ -63,6 +69,28 @@ class ListMemories(_Mem0Body):
 class UpdateMemory(_Mem0Body):
     text: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
     metadata: dict[str, Any] | None = None  # accepted, not kept
+
+
+class BatchUpdateItem(_Mem0Body):
+    memory_id: str = Field(min_length=1, max_length=ID_MAX)
+    text: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
+    metadata: dict[str, Any] | None = None  # accepted, not kept
+
+
+class BatchUpdate(_Mem0Body):
+    """`PUT /v1/batch/`: all or none, each item governed as a single update."""
+
+    memories: list[BatchUpdateItem] = Field(min_length=1, max_length=BATCH_MAX)
+
+
+class BatchDeleteItem(_Mem0Body):
+    memory_id: str = Field(min_length=1, max_length=ID_MAX)
+
+
+class BatchDelete(_Mem0Body):
+    """`DELETE /v1/batch/`: every memory named must exist before any is deleted."""
+
+    memories: list[BatchDeleteItem] = Field(min_length=1, max_length=BATCH_MAX)
 
 
 class Mem0Memory(Contract):
@@ -156,6 +184,7 @@ class SpaceLlm(Contract):
 
 
 __all__ = [
+    "BATCH_MAX", "BatchDelete", "BatchDeleteItem", "BatchUpdate", "BatchUpdateItem",
     "ENTITY_MAX", "MESSAGES_MAX", "MESSAGE_MAX", "PAGE_SIZE_MAX", "TEXT_MAX", "TOP_K_MAX",
     "AddMemories", "AddResults", "Added", "ExtractEvent", "ExtractRequest", "Extracted",
     "History", "HistoryEntry", "ListMemories", "Mem0Memory", "Mem0Message", "MemoryPage",

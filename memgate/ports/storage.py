@@ -7,7 +7,8 @@ from typing import Protocol
 from memgate.bus import subjects
 from memgate.contracts import ForgetResult, ListResult, RememberResult
 from memgate.contracts.internal import (
-    RecallFilters, RecallScope, Rows, RowsRequest, StoreForget, StoreQuery, StoreRemember,
+    RecallFilters, RecallScope, RememberedAll, Rows, RowsRequest, StoreForget, StoreQuery,
+    StoreRemember, StoreRememberAll,
 )
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import partition_of
@@ -15,6 +16,11 @@ from memgate.runtime.actor import partition_of
 
 class Storage(Protocol):
     async def remember(self, command: StoreRemember) -> RememberResult: ...
+
+    async def remember_all(self, command: StoreRememberAll) -> RememberedAll:
+        """Every version stored, or none if a limit refuses one."""
+        ...
+
     async def list(self, query: StoreQuery) -> ListResult: ...
     async def forget(self, command: StoreForget) -> ForgetResult: ...
 
@@ -40,6 +46,10 @@ class BusStorage:
     async def remember(self, command: StoreRemember) -> RememberResult:
         return await self._bus.request(self._subject(command.owner.tenant, "remember"), command,
                                        RememberResult)
+
+    async def remember_all(self, command: StoreRememberAll) -> RememberedAll:
+        return await self._bus.request(self._subject(command.items[0].owner.tenant,
+                                                     "remember_all"), command, RememberedAll)
 
     async def list(self, query: StoreQuery) -> ListResult:
         return await self._bus.request(self._subject(query.owner.tenant, "list"), query,

@@ -183,21 +183,22 @@ class MemoryStore(MemoryReads):
             raise outcome
         return outcome
 
-    def remember_group(self, items: Sequence[Remember],
-                       limits: Limits = _DEFAULT_LIMITS) -> list[Stored | Exception]:
+    def remember_group(self, items: Sequence[Remember], limits: Limits = _DEFAULT_LIMITS, *,
+                       together: bool = False) -> list[Stored | Exception]:
         """Remember a group at once (group commit), each as if alone and in order: the limits
         count the earlier ones of the group (the version limit per writing member, across
         every owner), a later version of a key supersedes an earlier one. One outcome per
         item: what it stored, or the `LimitReachedError` that refused it.
         The group's rows are one INSERT (with the UPDATE of what it supersedes, one
         transaction), and each version's event is built from its row: no outbox row to write.
-        Should the writing fail, each item is tried alone, so that one bad item fails no other."""
+        Should the writing fail, each item is tried alone, so that one bad item fails no other.
+        `together`: all or none; if a limit refuses one, its refusals are the only outcomes."""
         last_created = self._last_created
         try:
-            outcomes, counted, written = self._remember_all(items, limits)
+            outcomes, counted, written = self._remember_all(items, limits, together)
         except Exception as exc:
             self._last_created = last_created
-            if len(items) == 1:
+            if len(items) == 1 or together:
                 return [exc]
             return [outcome for item in items
                     for outcome in self.remember_group([item], limits)]
@@ -253,7 +254,7 @@ class MemoryStore(MemoryReads):
                     self._counted[(tenant, member)] = count
         return {writer: self._counted[writer] for writer in writers}
 
-    def _remember_all(self, items: Sequence[Remember], limits: Limits
+    def _remember_all(self, items: Sequence[Remember], limits: Limits, together: bool = False,
                       ) -> tuple[list[Stored | Exception], list[_Counted], _Written | None]:
         """The outcomes, what the limits are to count once committed (credential, owner,
         instant) and what was written. Counted in the partition's single writer, so the limits
@@ -279,7 +280,7 @@ class MemoryStore(MemoryReads):
                 versions[writer] = versions.get(writer, 0) + 1
                 accepted.append((len(outcomes), item, created))
                 outcomes.append(None)
-        if not accepted:
+        if not accepted or (together and len(accepted) < len(items)):
             return [o for o in outcomes if o is not None], [], None
         first = self._high + 1  # the mark moves once committed (`remember_group`)
         superseded_at: list[datetime | None] = [None] * len(accepted)
@@ -348,7 +349,7 @@ class MemoryStore(MemoryReads):
                namespace: str | None = None, key: str | None = None,
                memory_ids: list[str] | None = None,
                collection_ids: tuple[str, ...] | None = None,
-               namespaces: list[str] | None = None,
+               namespaces: list[str] | None = None, keys: list[str] | None = None,
                cited_documents: list[str] | None = None, not_owner_prefix: str | None = None,
                event_subject: str, event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
@@ -364,7 +365,7 @@ class MemoryStore(MemoryReads):
                 clauses.append(f"{column} = ?")
                 params.append(value)
         for column, values in (("memory_id", memory_ids), ("collection_id", collection_ids),
-                               ("namespace", namespaces)):
+                               ("namespace", namespaces), ("key", keys)):
             if values is not None:
                 clauses.append(f"list_contains(?, {column})")
                 params.append(list(values))
