@@ -116,3 +116,21 @@ def rewrite(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnect
     os.replace(fresh, path)
     _sync_directory(path)
     return _open(path)
+
+
+class Rewritable:
+    """A store of one DuckDB file (`_db` on `_path`) that deletions leave for a rewrite."""
+
+    _db: duckdb.DuckDBPyConnection
+    _path: Path
+    deletions_pending: bool = False
+
+    def compact(self) -> None:
+        """Rewrite the file with only its live rows, so what was deleted leaves every byte of
+        it (SPEC §5.4)."""
+        self.deletions_pending = False  # a deletion from here on needs the next rewrite
+        try:
+            self._db = rewrite(self._db, self._path)
+        except BaseException:
+            self.deletions_pending = True
+            raise

@@ -100,7 +100,7 @@ def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
         db.execute(f"{into} {unnested}", [list(column) for column in zip(*rows, strict=True)])
 
 
-class MemoryStore(MemoryReads):
+class MemoryStore(MemoryReads, compaction.Rewritable):
     """Synchronous DuckDB access; the storage actor serialises calls onto one thread (the
     writer's). The `known_*` methods answer from the in-memory mirror alone, from any thread,
     or return None when the answer needs the file."""
@@ -154,15 +154,6 @@ class MemoryStore(MemoryReads):
         self._db.execute("CHECKPOINT")
         self._db.close()
 
-    def compact(self) -> None:
-        """Rewrite the file with only its live rows, so deleted text leaves every byte of it
-        (SPEC §5.4; `storage.compaction`). The in-memory counts stay valid: the rows do."""
-        self.deletions_pending = False  # a deletion from here on needs the next rewrite
-        try:
-            self._db = compaction.rewrite(self._db, self._path)
-        except BaseException:
-            self.deletions_pending = True
-            raise
 
     def _instant(self) -> datetime:
         """A creation instant later than every earlier one."""

@@ -153,7 +153,7 @@ def _event(values: Sequence[Any]) -> EventRow:
     return EventRow(**row)
 
 
-class SessionStore:
+class SessionStore(compaction.Rewritable):
     def __init__(self, path: Path, *, sessions: Quota = SESSIONS,
                  events: Quota = EVENTS) -> None:
         self._path = path
@@ -203,15 +203,6 @@ class SessionStore:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
-    def compact(self) -> None:
-        """Rewrite the file with only its live rows, so what was deleted leaves every byte of
-        it (SPEC §5.4; `storage.compaction`)."""
-        self.deletions_pending = False  # a deletion from here on needs the next rewrite
-        try:
-            self._db = compaction.rewrite(self._db, self._path)
-        except BaseException:
-            self.deletions_pending = True
-            raise
 
     # --- sessions ---
 

@@ -82,7 +82,7 @@ class EntityRow:
 Ids = tuple[str | None, str | None, str | None]  # an entity's (user_id, agent_id, run_id)
 
 
-class SpaceStore:
+class SpaceStore(compaction.Rewritable):
     def __init__(self, path: Path, *, quota: Quota = SPACES) -> None:
         self._path = path
         self._db = compaction.open_owned(path, SCHEMA)
@@ -112,15 +112,6 @@ class SpaceStore:
         self._db.execute("CHECKPOINT")
         self._db.close()
 
-    def compact(self) -> None:
-        """Rewrite the file with only its live rows: what was deleted leaves every byte of it
-        (`storage.compaction`)."""
-        self.deletions_pending = False  # a deletion from here on needs the next rewrite
-        try:
-            self._db = compaction.rewrite(self._db, self._path)
-        except BaseException:
-            self.deletions_pending = True
-            raise
 
     def create(self, workspace_id: str, member_id: str, description: str,
                llm_model_name: str | None, llm_base_url: str | None) -> SpaceRow:

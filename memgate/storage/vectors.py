@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS vectors (
 """
 
 
-class VectorStore:
+class VectorStore(compaction.Rewritable):
     """Synchronous DuckDB access; the embedder serialises calls onto one thread."""
 
     def __init__(self, path: Path) -> None:
@@ -31,15 +31,6 @@ class VectorStore:
         # Vectors deleted since the file was last rewritten (read by the embedder's loop).
         self.deletions_pending = False
 
-    def compact(self) -> None:
-        """Rewrite the file with only the live vectors: a deleted one leaves every byte of it
-        (SPEC §5.4; `storage.compaction`)."""
-        self.deletions_pending = False
-        try:
-            self._db = compaction.rewrite(self._db, self._path)
-        except BaseException:
-            self.deletions_pending = True
-            raise
 
     def close(self) -> None:
         self._db.execute("CHECKPOINT")
