@@ -17,12 +17,17 @@ import hashlib
 from collections import deque
 from pathlib import Path
 
+from collections.abc import Callable
+
 from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts.backup import AuditAppend, AuditAppended
+from memgate.contracts.backup import AuditAppend, AuditAppended, AuditVerified
+from memgate.contracts.reply import Envelope
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, read_event
 from memgate.ports.bus import Consumers
-from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.actor import Serial, enveloped, ready_route
 from memgate.storage.audit import AuditEntry, AuditLog
+from memgate.storage.audit import verify as verify_chain
+from memgate.storage.directory import hash_token
 
 DURABLE = "audit"
 SEEN_KEPT = 10_000  # event digests remembered against redelivery
@@ -31,8 +36,10 @@ SEEN_KEPT = 10_000  # event digests remembered against redelivery
 class AuditActor:
     name = "audit"
 
-    def __init__(self, *, root: Path, bus: Consumers) -> None:
+    def __init__(self, *, root: Path, bus: Consumers, admin_token: Callable[[], str]) -> None:
         self._root = root
+        self._admin_token = admin_token
+        self._admin_hash = ""
         self._serial = Serial("audit")
         self._log: AuditLog | None = None
         self._seen: deque[str] = deque(maxlen=SEEN_KEPT)
@@ -44,6 +51,7 @@ class AuditActor:
         return self._log
 
     async def start(self) -> None:
+        self._admin_hash = hash_token(self._admin_token())
         self._log = await self._serial(AuditLog, self._root)
         self._seen.extend(await self._serial(self.log.sources, SEEN_KEPT))
         await self._events.start()
@@ -55,6 +63,8 @@ class AuditActor:
     def router(self) -> NatsRouter:
         router = NatsRouter()
         router.subscriber(subjects.AUDIT_APPEND)(replying(self.append))
+        router.subscriber(subjects.admin("audit.verify"))(
+            replying(enveloped(self.verify, operator=lambda: self._admin_hash)))
         ready_route(router, subjects.ready(self.name), self.name)
         return router
 
@@ -82,6 +92,14 @@ class AuditActor:
             subject_id=request.subject_id, layer=request.layer,
             record_ids=tuple(request.record_ids), count=request.count, source=request.source))
         return AuditAppended(seq=written[-1]["seq"], hash=written[-1]["hash"])
+
+    async def verify(self, envelope: Envelope) -> AuditVerified:
+        """The operator checks the whole chain (after the appends before it, in order)."""
+        checked = await self._serial(verify_chain, self._root)
+        broken = checked.broken
+        return AuditVerified(ok=checked.ok, entries=checked.entries, head=checked.head,
+                             broken_line=broken.line if broken else None,
+                             broken_reason=broken.reason if broken else None)
 
 
 __all__ = ["AuditActor"]

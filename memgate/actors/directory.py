@@ -30,7 +30,9 @@ from memgate.contracts.errors import (
     ForbiddenError, InsufficientScopeError, NotFoundError, UnauthenticatedError,
     UnavailableError, ValidationFailedError,
 )
-from memgate.contracts.directory import MemberPrincipal, MemberRequest
+from memgate.contracts.directory import (
+    Credentials, CredentialView, Me, MemberPrincipal, MemberRequest, Members,
+)
 from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
 from memgate.contracts.internal import Reaped, Retentions
 from memgate.contracts.registry import Scope as ContextScope
@@ -46,6 +48,11 @@ AdminHandler = Callable[[Envelope], Awaitable[Contract]]
 def _settings(ws: WorkspaceRow) -> WorkspaceSettings:
     return WorkspaceSettings(agent_memories_enabled=ws.agent_memories_enabled,
                              retention_days=ws.retention_days, non_retaining=ws.non_retaining)
+
+
+def _view(row: MemberRow) -> MemberView:
+    return MemberView(member_id=row.member_id, name=row.name, role=Role(row.role),
+                      memory_spaces_enabled=row.memory_spaces_enabled)
 
 
 def check_grantable(role: Role, scopes: list[Scope]) -> None:
@@ -104,8 +111,11 @@ class DirectoryActor:
         router.subscriber(subjects.DIRECTORY_RETENTION)(replying(self.retention))
         admin: dict[str, AdminHandler] = {
             "workspaces.create": self.create_workspace,
+            "self.whoami": self.whoami,
+            "members.list": self.list_members,
             "members.add": self.add_member,
             "members.patch": self.patch_member,
+            "credentials.list": self.list_credentials,
             "credentials.create": self.create_credential,
             "credentials.revoke": self.revoke_credential,
             "settings.get": self.get_settings,
@@ -263,6 +273,42 @@ class DirectoryActor:
 
         return await self._serial(add)
 
+    async def whoami(self, envelope: Envelope) -> Me:
+        """The console's first call: the operator, or the member a member token names."""
+        token = envelope.token or ""
+        if token and secrets.compare_digest(hash_token(token), self._admin_hash):
+            return Me(kind="operator")
+
+        def member() -> Me:
+            row = self.store.member_by_token(hash_token(token)) if token else None
+            if row is None:
+                raise UnauthenticatedError("a member token or the operator token is required")
+            return Me(kind="member", workspace_id=row.workspace_id, member_id=row.member_id,
+                      name=row.name, role=Role(row.role),
+                      memory_spaces_enabled=row.memory_spaces_enabled)
+
+        return await self._serial(member)
+
+    async def list_members(self, envelope: Envelope) -> Members:
+        def members() -> Members:
+            owner = self._member(envelope, owner=True)
+            return Members(members=[_view(row) for row in self.store.members(owner.workspace_id)])
+
+        return await self._serial(members)
+
+    async def list_credentials(self, envelope: Envelope) -> Credentials:
+        def credentials() -> Credentials:
+            owner = self._member(envelope, owner=True)
+            names = self.store.credential_names(owner.workspace_id)
+            return Credentials(credentials=[
+                CredentialView(credential_id=c.credential_id,
+                               name=names.get(c.credential_id, ""), member_id=c.member_id,
+                               scopes=[Scope(s) for s in c.scopes],
+                               context_set_id=c.context_set_id)
+                for c in self.store.credentials(owner.workspace_id)])
+
+        return await self._serial(credentials)
+
     async def patch_member(self, envelope: Envelope) -> MemberView:
         await self._serial(lambda: self._member(envelope, owner=True))  # authenticate first
         body = parse(PatchMember, envelope.body)
@@ -278,8 +324,7 @@ class DirectoryActor:
                 self.store.set_memory_spaces(target.member_id, body.memory_spaces_enabled)
             row = self.store.member(owner.workspace_id, target.member_id)
             assert row is not None
-            return MemberView(member_id=row.member_id, name=row.name, role=Role(row.role),
-                              memory_spaces_enabled=row.memory_spaces_enabled)
+            return _view(row)
 
         view = await self._serial(patch)
         await self._changed()

@@ -23,7 +23,8 @@ from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.backup import AuditAppend, AuditAppended
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.erasure import (
-    LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureView, Evidence, Status,
+    LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureRequests, ErasureView, Evidence,
+    Status,
     SubjectCount, SubjectTarget, VerifyIdentity,
 )
 from memgate.contracts.errors import (
@@ -109,7 +110,7 @@ class ErasureActor:
         handlers: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
             "create": self.create, "verify": self.verify, "discover": self.discover,
             "decide": self.decide, "execute": self.execute, "get": self.get,
-            "metrics": self.metrics,
+            "metrics": self.metrics, "list": self.list_requests,
         }
         for operation, handler in handlers.items():
             router.subscriber(subjects.admin(f"erasure.{operation}"))(
@@ -175,6 +176,11 @@ class ErasureActor:
 
     async def get(self, envelope: Envelope) -> ErasureView:
         return self._view(await self._request(envelope))
+
+    async def list_requests(self, envelope: Envelope) -> ErasureRequests:
+        rows = await self._serial(self.store.all)
+        rows.sort(key=lambda r: r.received_at, reverse=True)
+        return ErasureRequests(requests=[self._view(r) for r in rows])
 
     async def metrics(self, envelope: Envelope) -> ErasureMetrics:
         rows = await self._serial(self.store.all)

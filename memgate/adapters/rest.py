@@ -24,7 +24,7 @@ from fastapi.telemetry import TelemetryConfig
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
-from memgate.adapters import rest_erasure, rest_mem0, rest_sessions, rest_spaces
+from memgate.adapters import console, rest_erasure, rest_mem0, rest_sessions, rest_spaces
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
@@ -35,7 +35,9 @@ from memgate.contracts import (
     MemberView, MemgateError, NatsAgentCreated, PatchMember, RecallRequest, RecallResult,
     RememberRequest, RememberResult, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
+from memgate.contracts.backup import AuditVerified
 from memgate.contracts.base import ID_MAX
+from memgate.contracts.directory import Credentials, Me, Members
 from memgate.contracts.errors import (
     UnauthenticatedError, ValidationFailedError,
 )
@@ -141,12 +143,13 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
         replies = await asyncio.gather(
             *(bus.request(s, b"{}", Ready, timeout=READY_TIMEOUT_S) for s in ready_subjects),
             return_exceptions=True)
-        waiting = [s.removeprefix("mem.int.ready.")
-                   for s, r in zip(ready_subjects, replies, strict=True)
-                   if isinstance(r, BaseException)]
-        status = 200 if not waiting else 503
-        return JSONResponse({"status": "ok" if not waiting else "starting", "waiting": waiting},
-                            status_code=status)
+        names = [s.removeprefix("mem.int.ready.") for s in ready_subjects]
+        waiting = [name for name, reply in zip(names, replies, strict=True)
+                   if isinstance(reply, BaseException)]
+        return JSONResponse({"status": "ok" if not waiting else "starting", "waiting": waiting,
+                             "actors": {name: "waiting" if name in waiting else "ready"
+                                        for name in names}},
+                            status_code=200 if not waiting else 503)
 
     # --- agent memory operations (SPEC §3.1) ---
 
@@ -178,6 +181,15 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def create_workspace(body: CreateWorkspace, token: Token) -> WorkspaceCreated:
         return await call(subjects.admin("workspaces.create"), WorkspaceCreated, token, body)
 
+    @app.get("/api/me", tags=["admin"], responses=responses(*COMMON))
+    async def whoami(token: Token) -> Me:
+        """Who a member token or the operator token speaks for (the console's first call)."""
+        return await call(subjects.admin("self.whoami"), Me, token, {})
+
+    @app.get("/api/w/{wsId}/members", tags=["admin"], responses=responses(*COMMON))
+    async def list_members(wsId: PathId, token: Token) -> Members:
+        return await call(subjects.admin("members.list"), Members, token, {}, wsId=wsId)
+
     @app.post("/api/w/{wsId}/members", tags=["admin"], responses=responses(*COMMON))
     @command(subjects.admin("members.add"), MemberToken)
     async def add_member(wsId: PathId, body: AddMember, token: Token) -> MemberToken:
@@ -189,6 +201,11 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
                            token: Token) -> MemberView:
         return await call(subjects.admin("members.patch"), MemberView, token, body, wsId=wsId,
                           memberId=memberId)
+
+    @app.get("/api/w/{wsId}/credentials", tags=["admin"], responses=responses(*COMMON))
+    async def list_credentials(wsId: PathId, token: Token) -> Credentials:
+        """The credentials that still work, never their tokens (shown once, at creation)."""
+        return await call(subjects.admin("credentials.list"), Credentials, token, {}, wsId=wsId)
 
     @app.post("/api/w/{wsId}/credentials", tags=["admin"], responses=responses(*COMMON))
     @command(subjects.admin("credentials.create"), CredentialCreated)
@@ -289,6 +306,11 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
         `DELETE /memory/spaces/{spaceId}` by its owner, or with an erasure."""
         return await call(subjects.admin("owner.purge"), ForgetResult, token, {}, wsId=wsId)
 
+    @app.post("/api/admin/audit/verify", tags=["admin"], responses=responses(*COMMON))
+    async def verify_audit_log(token: Token) -> AuditVerified:
+        """The operator checks the audit log's whole hash chain (SPEC §5.5)."""
+        return await call(subjects.admin("audit.verify"), AuditVerified, token, {})
+
     @app.post("/api/admin/nats-agents", tags=["admin"], responses=responses(*COMMON))
     @command(subjects.admin("nats.create"), NatsAgentCreated)
     async def create_nats_agent(body: CreateNatsAgent, token: Token) -> NatsAgentCreated:
@@ -305,5 +327,6 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
     for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
         app.include_router(module.router(send, command))
+    app.include_router(console.router())
 
     return app

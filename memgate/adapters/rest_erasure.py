@@ -11,7 +11,7 @@ from memgate.adapters.routing import CallerToken, Mark, Send
 from memgate.bus import subjects
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.erasure import (
-    Decide, ErasureIntake, ErasureMetrics, ErasureView, VerifyIdentity,
+    Decide, ErasureIntake, ErasureMetrics, ErasureRequests, ErasureView, VerifyIdentity,
 )
 
 PathId = Annotated[str, Path(min_length=1, max_length=ID_MAX)]
@@ -29,6 +29,11 @@ def router(send: Send, mark: Mark) -> APIRouter:
     async def create_erasure_request(body: ErasureIntake, token: CallerToken) -> ErasureView:
         """Intake: recorded with its deadline (30 days); nothing is resolved yet."""
         return await send(subject("create"), ErasureView, token, body)
+
+    @routes.get("", responses=ERRORS)
+    async def list_erasure_requests(token: CallerToken) -> ErasureRequests:
+        """Every request, newest first: stages, counts and evidence, never content."""
+        return await send(subject("list"), ErasureRequests, token, {})
 
     @routes.get("/metrics", responses=ERRORS)
     async def erasure_metrics(token: CallerToken) -> ErasureMetrics:

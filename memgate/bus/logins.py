@@ -144,7 +144,7 @@ ROLES: Final[dict[str, Role]] = {
         callers=("erasure",)),
     "audit": Role(  # the hash-chained audit log: memory deletions (events) and appends
         publish=(DEAD_LETTERS,),
-        subscribe=(subjects.AUDIT_APPEND, _ready("audit")),
+        subscribe=(subjects.AUDIT_APPEND, subjects.admin("audit.verify"), _ready("audit")),
         callers=("keys", "erasure"), jetstream=True),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),

@@ -84,7 +84,17 @@ class AuditAppended(Contract):
     hash: str
 
 
+class AuditVerified(Contract):
+    """The whole chain checked (SPEC §5.5): its length, head, and the first bad entry if any."""
+
+    ok: bool
+    entries: int
+    head: str
+    broken_line: int | None = None
+    broken_reason: str | None = None
+
+
 __all__ = [
-    "AuditAppend", "AuditAppended", "BackupBegin", "BackupEnd", "BackupLines", "BackupManifest",
-    "BackupPage", "DumpBegin", "DumpPage", "DumpRows", "DumpTables", "PAGE_MAX",
+    "AuditAppend", "AuditAppended", "AuditVerified", "BackupBegin", "BackupEnd", "BackupLines",
+    "BackupManifest", "BackupPage", "DumpBegin", "DumpPage", "DumpRows", "DumpTables", "PAGE_MAX",
 ]

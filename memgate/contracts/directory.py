@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
@@ -141,3 +142,32 @@ class NatsAgentKey(Contract):
 
 class NatsAgents(Contract):
     agents: list[NatsAgentKey]
+
+
+class Me(Contract):
+    """Who a token speaks for, for the console: the operator, or a member (never an agent)."""
+
+    kind: Literal["operator", "member"]
+    workspace_id: str | None = None
+    member_id: str | None = None
+    name: str | None = None
+    role: Role | None = None
+    memory_spaces_enabled: bool = False
+
+
+class Members(Contract):
+    members: list[MemberView]
+
+
+class CredentialView(Contract):
+    """An agent credential as its owner sees it: never the token (shown once, at creation)."""
+
+    credential_id: str
+    name: str
+    member_id: str
+    scopes: list[Scope]
+    context_set_id: str | None = None
+
+
+class Credentials(Contract):
+    credentials: list[CredentialView]

@@ -84,6 +84,12 @@ class ErasureView(Contract):
     failure: str | None = None
 
 
+class ErasureRequests(Contract):
+    """Every erasure request, newest first (the console's list): stages and counts only."""
+
+    requests: list[ErasureView]
+
+
 class ErasureMetrics(Contract):
     open: int
     overdue: int
@@ -127,6 +133,7 @@ class Drop(Contract):
 
 
 __all__ = [
-    "LAYERS", "Decide", "Drop", "ErasureIntake", "ErasureMetrics", "ErasureSubject", "ErasureView",
-    "Evidence", "Status", "SubjectCount", "SubjectTarget", "VerifyIdentity",
+    "LAYERS", "Decide", "Drop", "ErasureIntake", "ErasureMetrics", "ErasureRequests",
+    "ErasureSubject", "ErasureView", "Evidence", "Status", "SubjectCount", "SubjectTarget",
+    "VerifyIdentity",
 ]

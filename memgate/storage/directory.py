@@ -141,6 +141,9 @@ class DirectoryStore:
         row = self._members.get(member_id)
         return row if row is not None and row.workspace_id == workspace_id else None
 
+    def members(self, workspace_id: str) -> list[MemberRow]:
+        return [m for m in self._members.values() if m.workspace_id == workspace_id]
+
     def member_by_token(self, token_hash: str) -> MemberRow | None:
         row = self._members.get(self._member_tokens.get(token_hash, ""))
         if row is None or not secrets.compare_digest(row.token_hash, token_hash):
@@ -197,6 +200,15 @@ class DirectoryStore:
     def credential(self, workspace_id: str, credential_id: str) -> CredentialRow | None:
         row = self._credentials.get(credential_id)
         return row if row is not None and row.workspace_id == workspace_id else None
+
+    def credential_names(self, workspace_id: str) -> dict[str, str]:
+        """The names of the workspace's credentials that still work, by id."""
+        return dict(self._db.execute(
+            "SELECT credential_id, name FROM credentials WHERE workspace_id = ? AND NOT revoked",
+            [workspace_id]).fetchall())
+
+    def credentials(self, workspace_id: str) -> list[CredentialRow]:
+        return [c for c in self._credentials.values() if c.workspace_id == workspace_id]
 
     def credential_by_token(self, token_hash: str) -> CredentialRow | None:
         row = self._credentials.get(self._credential_tokens.get(token_hash, ""))
