@@ -278,7 +278,8 @@ HOSTILE: list[tuple[str, str, Any]] = [
     ("POST", "/v3/memories/search/", {"query": "x", "top_k": 10_000}),
     ("POST", "/v3/memories/search/", {"query": "x", "filters": {"user_id": 5}}),
     ("POST", "/v3/memories/search/", {"query": "x", "filters": {"OR": []}}),
-    ("POST", "/v3/memories/search/", {"query": "x", "filters": {"NOT": {"user_id": "a"}}}),
+    ("POST", "/v3/memories/search/", {"query": "x", "filters": {"NOT": []}}),
+    ("POST", "/v3/memories/search/", {"query": "x", "filters": {"created_at": "2024"}}),
     ("POST", "/v3/memories/", {"filters": {"AND": [{"AND": [{"AND": [{"AND": [{"AND": [
         {"AND": [{"AND": [{"user_id": "a"}]}]}]}]}]}]}]}}),
     ("POST", "/v3/memories/", {"filters": {"OR": [{"user_id": str(i)} for i in range(500)]}}),

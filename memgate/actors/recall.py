@@ -148,7 +148,8 @@ class RecallActor:
         filters = RecallFilters(owner=query.owner, namespace=query.namespace,
                                 collection_id=query.collection_id,
                                 collection_ids=query.collection_ids,
-                                namespaces=query.namespaces, as_of=query.as_of,
+                                namespaces=query.namespaces, memory_ids=query.memory_ids,
+                                as_of=query.as_of,
                                 window=self._window)
         words_ranked: asyncio.Future[Ranking | None] | None = None
         try:

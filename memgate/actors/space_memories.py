@@ -31,8 +31,8 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from memgate.bus import NatsRouter, parse, replying, subjects
@@ -45,8 +45,9 @@ from memgate.contracts.errors import (
 from memgate.contracts.internal import (
     Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, StoreRememberAll, space_owner,
 )
+from memgate.contracts.memory import Extras
 from memgate.contracts.mem0 import (
-    PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
+    BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
     ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ListMemories, Mem0Memory,
     Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, SpaceLlm,
     SpaceLlmRequest, UpdateMemory,
@@ -59,6 +60,9 @@ from memgate.policy import extraction
 from memgate.policy.masking import Masked, mask
 from memgate.policy.mem0 import (
     FIELDS, compile_filters, derived_from, entity_of, query_filters,
+)
+from memgate.policy.metadata import (
+    MemoryFilter, expiry_of, masked_metadata, memory_filter, shown_at,
 )
 from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel, unavailable
@@ -137,19 +141,61 @@ def _ids(entity: Entity | None) -> dict[str, Any]:
     return {"user_id": entity.user_id, "agent_id": entity.agent_id, "run_id": entity.run_id}
 
 
+def _extras(memory: Memory) -> Extras:
+    return memory.extras or Extras()
+
+
 def _view(memory: Memory, entity: Entity | None, *, score: float | None = None) -> Mem0Memory:
+    extras = _extras(memory)
     return Mem0Memory(id=memory.key or memory.memory_id, memory=memory.text, **_ids(entity),
-                      created_at=memory.created_at, updated_at=memory.created_at, score=score)
+                      metadata=extras.metadata, created_at=extras.timestamp or memory.created_at,
+                      updated_at=memory.created_at, expiration_date=extras.expiration_date,
+                      score=score)
+
+
+def _added_extras(body: AddMemories, now: datetime) -> Extras | None:
+    """What an add keeps beside the text: its metadata masked, its timestamp and expiry
+    checked (the metadata is masked here: call off the event loop)."""
+    extras = Extras(
+        metadata=None if body.metadata is None else masked_metadata(body.metadata),
+        timestamp=None if body.timestamp is None else shown_at(body.timestamp, now),
+        expiration_date=(None if body.expiration_date is None
+                         else expiry_of(body.expiration_date, now)))
+    return None if extras == Extras() else extras
 
 
 @dataclass(frozen=True)
 class _Update:
-    """One update, checked: the key's current version and its new text, masked (None: a
-    metadata-only update, which memgate keeps nothing of)."""
+    """One update, checked: the key's current version, its new text masked (None: kept) and
+    its extras as they will be (the current ones when nothing of them changes)."""
 
     key: str
     current: Memory
     masked: Masked | None
+    extras: Extras | None
+
+    @property
+    def changes(self) -> bool:
+        return self.masked is not None or self.extras != self.current.extras
+
+    @property
+    def text(self) -> str:
+        return self.current.text if self.masked is None else self.masked.text
+
+
+def _timed(update: _Update, body: UpdateMemory, now: datetime) -> _Update:
+    """The update with the body's timestamp and expiration date, when it gives them
+    (`expiration_date: null` clears the date: the retention alone applies)."""
+    changes: dict[str, Any] = {}
+    if body.timestamp is not None:
+        changes["timestamp"] = shown_at(body.timestamp, now)
+    if "expiration_date" in body.model_fields_set:
+        changes["expiration_date"] = (None if body.expiration_date is None
+                                      else expiry_of(body.expiration_date, now))
+    if not changes:
+        return update
+    extras = (update.extras or Extras()).model_copy(update=changes)
+    return replace(update, extras=None if extras == Extras() else extras)
 
 
 def _masked_update(text: str | None, field: str) -> Masked | None:
@@ -195,11 +241,12 @@ class _Writer:
                    derived_from)
 
     def remember(self, namespace: str, key: str, text: str,
-                 masked: dict[str, int] | None = None) -> StoreRemember:
+                 masked: dict[str, int] | None = None, extras: Extras | None = None,
+                 ) -> StoreRemember:
         return StoreRemember(owner=self.owner, member_id=self.member_id,
                              credential_id=self.credential_id, namespace=namespace, key=key,
                              text=text, masked=masked or {}, retention_days=self.retention_days,
-                             derived_from=list(self.derived_from))
+                             derived_from=list(self.derived_from), extras=extras)
 
 
 class SpaceMemoriesActor:
@@ -277,6 +324,31 @@ class SpaceMemoriesActor:
                                         ScopeRequest(space_id=space_id, filters=filters), Scope)
         return found.namespaces
 
+    async def _selected(self, access: SpaceAccess, filters: dict[str, Any] | None,
+                        ) -> tuple[list[Memory], list[str] | None]:
+        """The space's current memories a filter selects, newest first (at most READ_MAX),
+        and the namespaces they were read from (None: all). A filter on entities alone is
+        resolved to namespaces beside the entity map; one on metadata (or with NOT) reads the
+        memories of the namespaces its top-level entity conditions allow, and tests each
+        against its entity and its (masked) metadata (`policy.metadata`)."""
+        selecting = memory_filter(filters)
+        allowed = await self._scope(access.space_id,
+                                    filters if selecting is None else selecting.entities)
+        if allowed is not None and not allowed:
+            return [], allowed
+        memories = (await self._storage.list(StoreQuery(
+            owner=_owner(access.workspace_id, access.space_id), namespaces=allowed,
+            limit=READ_MAX))).memories
+        if selecting is not None:
+            memories = await self._tested(access.space_id, selecting, memories)
+        return memories, allowed
+
+    async def _tested(self, space_id: str, selecting: MemoryFilter,
+                      memories: list[Memory]) -> list[Memory]:
+        entities = await self._entities(space_id, memories)
+        return [m for m in memories
+                if selecting.test(entities.get(m.namespace), _extras(m).metadata or {})]
+
     async def _current(self, owner: Owner, key: str, as_of: datetime | None = None,
                        ) -> Memory | None:
         page = await self._storage.list(StoreQuery(owner=owner, key=key, as_of=as_of, limit=1))
@@ -286,6 +358,7 @@ class SpaceMemoriesActor:
 
     async def _remember_about(self, space_id: str, entity: Entity, writer: _Writer,
                               texts: list[str], keys: list[str] | None = None,
+                              extras: Extras | None = None,
                               ) -> list[tuple[str, RememberResult]]:
         """Each text a memory about `entity`, all or nothing. A new entity's row is written,
         pending, before the store, then settled (`mem.int.spaces.settle`): a refused add
@@ -300,7 +373,7 @@ class SpaceMemoriesActor:
                 space_id=space_id, entity=entity, stored=stored), Done)
 
         try:
-            stored = await self._remember_all(writer, issued.namespace, texts, keys)
+            stored = await self._remember_all(writer, issued.namespace, texts, keys, extras)
         except Exception:
             with contextlib.suppress(MemgateError):  # left pending, with no memories: unseen
                 await settle(stored=False)
@@ -312,12 +385,14 @@ class SpaceMemoriesActor:
         return stored
 
     async def _remember_all(self, writer: _Writer, namespace: str, texts: list[str],
-                            keys: list[str] | None = None) -> list[tuple[str, RememberResult]]:
-        """Each text a memory of its own (`keys`, else new mem0 ids); if any is refused, those
-        stored are forgotten again and the first refusal is raised."""
+                            keys: list[str] | None = None, extras: Extras | None = None,
+                            ) -> list[tuple[str, RememberResult]]:
+        """Each text a memory of its own (`keys`, else new mem0 ids), each with the same
+        `extras`; if any is refused, those stored are forgotten again and the first refusal
+        is raised."""
         keys = keys or [uuid.uuid4().hex for _ in texts]
         outcomes = await asyncio.gather(*(self._storage.remember(writer.remember(
-            namespace, key, text)) for key, text in zip(keys, texts, strict=True)),
+            namespace, key, text, extras=extras)) for key, text in zip(keys, texts, strict=True)),
             return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if not failures:
@@ -361,6 +436,8 @@ class SpaceMemoriesActor:
         body = _body(AddMemories, envelope)
         entity = entity_of(body.filters, user_id=body.user_id, agent_id=body.agent_id,
                            run_id=body.run_id)
+        now = datetime.now(UTC)
+        extras = await asyncio.to_thread(_added_extras, body, now)  # masking: off the loop
         llm = access.llm_model_name and access.llm_base_url
         texts: list[str] = []
         if llm and body.infer is not False:
@@ -375,10 +452,10 @@ class SpaceMemoriesActor:
             return AddResults(results=[])
         stored = await self._remember_about(access.space_id, entity, _Writer.of(
             access.workspace_id, access.space_id, access.member_id, access.retention_days),
-            texts)
+            texts, extras=extras)
         return AddResults(results=[
             Added(id=key, memory=text, user_id=entity.user_id, agent_id=entity.agent_id,
-                  run_id=entity.run_id)
+                  run_id=entity.run_id, metadata=extras.metadata if extras else None)
             for (key, _), text in zip(stored, texts, strict=True)])
 
     async def get(self, envelope: Envelope) -> Mem0Memory:
@@ -395,12 +472,7 @@ class SpaceMemoriesActor:
         body = _body(ListMemories, envelope)
         page = _int_param(envelope, "page", 1, 100_000)
         size = _int_param(envelope, "page_size", PAGE_SIZE_MAX, PAGE_SIZE_MAX)
-        allowed = await self._scope(access.space_id, body.filters)
-        memories: list[Memory] = []
-        if allowed is None or allowed:
-            memories = (await self._storage.list(StoreQuery(
-                owner=_owner(access.workspace_id, access.space_id), namespaces=allowed,
-                limit=READ_MAX))).memories
+        memories, _ = await self._selected(access, body.filters)
         shown = memories[(page - 1) * size: page * size]
         entities = await self._entities(access.space_id, shown)
         base = f"/memory/{access.space_id}/v3/memories/?page_size={size}&page="
@@ -413,12 +485,17 @@ class SpaceMemoriesActor:
     async def search(self, envelope: Envelope) -> SearchResults:
         access = await self._access(envelope, Permission.CAN_VIEW)
         body = _body(SearchMemories, envelope)
-        allowed = await self._scope(access.space_id, body.filters)
-        if allowed is not None and not allowed:
+        chosen: list[str] | None = None  # the versions a metadata filter selects
+        if memory_filter(body.filters) is not None:
+            selected, allowed = await self._selected(access, body.filters)
+            chosen = [m.memory_id for m in selected]
+        else:
+            allowed = await self._scope(access.space_id, body.filters)
+        if (allowed is not None and not allowed) or chosen == []:
             return SearchResults(results=[])
         found = await self._bus.request(subjects.recall_internal(), RecallQuery(
             owner=_owner(access.workspace_id, access.space_id),
-            query=mask(body.query).text, namespaces=allowed,
+            query=mask(body.query).text, namespaces=allowed, memory_ids=chosen,
             limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
         kept = [m for m in found.memories
                 if body.threshold is None or m.score >= body.threshold]
@@ -427,28 +504,42 @@ class SpaceMemoriesActor:
             results=[_view(m, entities.get(m.namespace), score=m.score) for m in kept],
             degraded=found.degraded)
 
-    async def _checked(self, owner: Owner, items: list[tuple[str, str | None]],
+    async def _checked(self, owner: Owner,
+                       items: list[tuple[str, str | None, dict[str, Any] | None]],
                        fields: list[str]) -> list[_Update]:
-        """Each (key, text) checked before anything is stored: the key's current version
-        exists, the text keeps something once masked (masking off the loop)."""
-        currents = await asyncio.gather(*(self._current(owner, key) for key, _ in items))
+        """Each (key, text, metadata) checked before anything is stored: the key's current
+        version exists, the text keeps something once masked, the metadata is within its
+        bounds (masking off the loop). Metadata given replaces the current one."""
+        currents = await asyncio.gather(*(self._current(owner, key) for key, _, _ in items))
         for current, field in zip(currents, fields, strict=True):
             if current is None:
                 raise NotFoundError("no such memory", {"field": field} if field else {})
-        masked = await asyncio.to_thread(lambda: [
-            _masked_update(text, f"{field}.text" if field else "text")
-            for (_, text), field in zip(items, fields, strict=True)])
-        return [_Update(key, current, m) for (key, _), current, m
-                in zip(items, currents, masked, strict=True) if current is not None]
+
+        def masked() -> list[tuple[Masked | None, dict[str, Any] | None]]:
+            return [(_masked_update(text, f"{field}.text" if field else "text"),
+                     None if metadata is None else masked_metadata(
+                         metadata, f"{field}.metadata" if field else "metadata"))
+                    for (_, text, metadata), field in zip(items, fields, strict=True)]
+
+        checked = await asyncio.to_thread(masked)
+        updates: list[_Update] = []
+        for (key, _, _), current, (text, metadata) in zip(items, currents, checked, strict=True):
+            assert current is not None
+            extras = current.extras
+            if metadata is not None:
+                extras = _extras(current).model_copy(update={"metadata": metadata})
+            updates.append(_Update(key, current, text, extras))
+        return updates
 
     async def _store_updates(self, access: SpaceAccess, updates: list[_Update],
                              ) -> list[RememberResult | None]:
         """Each update's new version, stored together (`remember_all`): if a version or rate
-        limit refuses one, none is stored. None for a metadata-only update."""
+        limit refuses one, none is stored. None for an update that changes nothing."""
         writer = _Writer.of(access.workspace_id, access.space_id, access.member_id,
                             access.retention_days)
-        writes = [writer.remember(u.current.namespace, u.key, u.masked.text, u.masked.counts)
-                  for u in updates if u.masked is not None]
+        writes = [writer.remember(u.current.namespace, u.key, u.text,
+                                  u.masked.counts if u.masked else None, u.extras)
+                  for u in updates if u.changes]
         if len(writes) == 1:  # a single update: group-committed with other remembers
             results = [await self._storage.remember(writes[0])]
         elif writes:
@@ -456,21 +547,22 @@ class SpaceMemoriesActor:
         else:
             results = []
         stored = iter(results)
-        return [None if u.masked is None else next(stored) for u in updates]
+        return [next(stored) if u.changes else None for u in updates]
 
     async def update(self, envelope: Envelope) -> Mem0Memory:
         access = await self._access(envelope, Permission.CAN_UPDATE)
         key = _memory_id(envelope)
         body = _body(UpdateMemory, envelope)
         owner = _owner(access.workspace_id, access.space_id)
-        [update] = await self._checked(owner, [(key, body.text)], [""])
+        [update] = await self._checked(owner, [(key, body.text, body.metadata)], [""])
+        update = _timed(update, body, datetime.now(UTC))
         entity = (await self._entities(access.space_id, [update.current])).get(
             update.current.namespace)
         [stored] = await self._store_updates(access, [update])
-        if stored is None or update.masked is None:  # metadata only: memgate keeps none
+        if stored is None:  # nothing changes
             return _view(update.current, entity)
-        updated = update.current.model_copy(update={"text": update.masked.text,
-                                                    "memory_id": stored.memory_id})
+        updated = update.current.model_copy(update={
+            "text": update.text, "memory_id": stored.memory_id, "extras": update.extras})
         return _view(updated, entity).model_copy(update={"updated_at": stored.created_at})
 
     async def batch_update(self, envelope: Envelope) -> Mem0Message:
@@ -482,7 +574,7 @@ class SpaceMemoriesActor:
         _unique(keys)
         owner = _owner(access.workspace_id, access.space_id)
         updates = await self._checked(
-            owner, [(item.memory_id, item.text) for item in body.memories],
+            owner, [(item.memory_id, item.text, item.metadata) for item in body.memories],
             [f"memories.{index}" for index in range(len(keys))])
         await self._store_updates(access, updates)
         return Mem0Message(message=f"Successfully updated {len(updates)} memories")
@@ -520,12 +612,19 @@ class SpaceMemoriesActor:
             raise ValidationFailedError(
                 "give filters (user_id, agent_id or run_id) to delete memories",
                 {"field": "filters"})
-        allowed = await self._scope(access.space_id, filters)
-        if allowed:
-            with contextlib.suppress(NotFoundError):  # nothing left to delete
-                await self._storage.forget(StoreForget(
-                    owner=_owner(access.workspace_id, access.space_id),
-                    namespaces=allowed))
+        owner = _owner(access.workspace_id, access.space_id)
+        if memory_filter(filters) is None:
+            allowed = await self._scope(access.space_id, filters)
+            if allowed:
+                with contextlib.suppress(NotFoundError):  # nothing left to delete
+                    await self._storage.forget(StoreForget(owner=owner, namespaces=allowed))
+            return Mem0Message(message="Memories deleted successfully!")
+        selected, _ = await self._selected(access, filters)
+        keys = sorted({m.key for m in selected if m.key is not None})
+        for start in range(0, len(keys), BATCH_MAX):  # every version of each selected memory
+            with contextlib.suppress(NotFoundError):  # deleted meanwhile
+                await self._storage.forget(StoreForget(owner=owner,
+                                                       keys=keys[start:start + BATCH_MAX]))
         return Mem0Message(message="Memories deleted successfully!")
 
     async def history(self, envelope: Envelope) -> History:
@@ -547,7 +646,9 @@ class SpaceMemoriesActor:
         return History(entries=[HistoryEntry(
             id=version.memory_id, memory_id=key,
             old_memory=chain[i - 1].text if i else None, new_memory=version.text,
-            event="UPDATE" if i else "ADD", **_ids(entity), created_at=chain[0].created_at,
+            event="UPDATE" if i else "ADD", **_ids(entity),
+            metadata=_extras(version).metadata,
+            created_at=_extras(chain[0]).timestamp or chain[0].created_at,
             updated_at=version.created_at)
             for i, version in enumerate(chain)])
 

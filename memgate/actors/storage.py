@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from memgate.contracts.events import (
     REGISTRY_EVENT, CollectionDeleted, DocumentDeleted, RegistryEvent, read_event,
 )
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
+from memgate.contracts.memory import Extras
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
     SPACE_OWNER_PREFIX, CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters,
@@ -68,10 +69,21 @@ def citations_of(row: Row) -> list[Citation]:
     return [Citation.model_validate(c) for c in json.loads(row.citations)]
 
 
+def _extras(extras: Extras | None) -> dict[str, Any]:
+    """A mem0 memory's extras as stored (JSON), and its expiry: the start of its expiration
+    date (UTC), which the reaper honours like the retention when sooner."""
+    if extras is None:
+        return {}
+    expires = extras.expiration_date
+    return {"extras": extras.model_dump_json(by_alias=True, exclude_none=True),
+            "expires_at": None if expires is None else datetime.combine(expires, time())}
+
+
 def memory_of(row: Row) -> Memory:
     return Memory(memory_id=row.memory_id, namespace=row.namespace, key=row.key, text=row.text,
                   collection_id=row.collection_id, created_at=row.created_at,
-                  superseded_at=row.superseded_at, citations=citations_of(row))
+                  superseded_at=row.superseded_at, citations=citations_of(row),
+                  extras=None if row.extras is None else Extras.model_validate_json(row.extras))
 
 
 class StorageActor:
@@ -165,7 +177,8 @@ class StorageActor:
             memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
             text=command.text, retention_days=command.retention_days,
             citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
-            derived_from=tuple(command.derived_from), member_id=command.member_id)
+            derived_from=tuple(command.derived_from), member_id=command.member_id,
+            **_extras(command.extras))
 
     def _refusal(self, reached: LimitReachedError) -> MemgateError:
         if reached.retry_after is not None:
@@ -244,7 +257,8 @@ class StorageActor:
         return Filters(filters.owner.tenant, filters.owner.subject_id, filters.namespace, None,
                        filters.collection_id,
                        None if filters.collection_ids is None else tuple(filters.collection_ids),
-                       None if filters.namespaces is None else tuple(filters.namespaces))
+                       None if filters.namespaces is None else tuple(filters.namespaces),
+                       None if filters.memory_ids is None else frozenset(filters.memory_ids))
 
     async def recall_scope(self, payload: bytes) -> RecallScope:
         """For recall, before ranking: the owner's newest seq, how many versions the filters

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from memgate.contracts.base import Contract
-from memgate.contracts.memory import Memory, RememberResult
+from memgate.contracts.memory import Extras, Memory, RememberResult
 from memgate.contracts.registry import Citation
 
 
@@ -44,6 +44,7 @@ class StoreRemember(Contract):
     retention_days: int
     citations: list[Citation] = Field(default_factory=list)
     derived_from: list[str] = Field(default_factory=list, max_length=10_000)  # source records
+    extras: Extras | None = None  # a mem0 memory's metadata (masked), timestamp, expiry
 
 
 class StoreRememberAll(Contract):
@@ -95,6 +96,7 @@ class RecallFilters(Contract):
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
     namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
+    memory_ids: list[str] | None = None  # any of these versions (a mem0 metadata filter's)
     as_of: datetime | None = None
     window: int | None = None
 
@@ -213,6 +215,7 @@ class RecallQuery(Contract):
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
     namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
+    memory_ids: list[str] | None = None  # any of these versions (a mem0 metadata filter's)
     context_set_id: str | None = None
     as_of: datetime | None = None
     limit: int

@@ -2,9 +2,17 @@
 it reads back, and the space-memories actor's internal answers.
 
 Bodies come from the mem0 client in snake_case; the requests accept the options the client may
-send and memgate does not use (`metadata`, `custom_instructions`, ...) and ignore them. Results
-travel on the bus in camelCase like every contract; the REST routes render them in mem0's
-snake_case (`model_dump()` by field name).
+send and memgate does not use (`custom_instructions`, `custom_categories`, ...) and ignore them.
+Results travel on the bus in camelCase like every contract; the REST routes render them in
+mem0's snake_case (`model_dump()` by field name).
+
+`metadata` (add, update, batch_update) is kept with the memory, every string in it masked like
+the text, bounded (`policy.metadata`: 4 KiB of JSON as sent, 32 keys, 3 levels) and shown on
+get, get_all, search and history; `filters` of get_all, search and delete_all select on it with
+mem0's operators (`policy.metadata`). `expiration_date` (add, update: `YYYY-MM-DD`, a day after
+today at the earliest) makes the memory expire at the start of that day, UTC (the reaper
+deletes it then, or at the retention if sooner); `timestamp` (add, update: Unix seconds, from
+1970 to a few minutes from now) is the `created_at` the memory is shown with.
 
 `mem.int.spacemem.extract` (the sessions actor's extract_memories strategy) takes
 `contracts.sessions.ExtractRequest` and answers `Extracted`, re-exported here.
@@ -12,10 +20,10 @@ snake_case (`model_dump()` by field name).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt
 
 from memgate.contracts.base import ID_MAX, Contract
 from memgate.contracts.sessions import ExtractEvent, ExtractRequest, Extracted
@@ -27,6 +35,9 @@ ENTITY_MAX = 200
 PAGE_SIZE_MAX = 100
 TOP_K_MAX = 50
 BATCH_MAX = 1000  # memories one batch_update or batch_delete names
+DATE_CHARS = 10  # YYYY-MM-DD
+
+Timestamp = StrictInt | StrictFloat  # Unix seconds (bounds checked against the clock)
 
 
 class _Mem0Body(Contract):
@@ -48,6 +59,9 @@ class AddMemories(_Mem0Body):
     run_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
     filters: dict[str, Any] | None = None  # the v3 client's place for the entity ids
     infer: bool | None = None  # False: store the messages verbatim even with an LLM
+    metadata: dict[str, Any] | None = None  # kept with every memory added, masked
+    timestamp: Timestamp | None = None  # shown as their created_at
+    expiration_date: str | None = Field(default=None, max_length=DATE_CHARS)
 
 
 class SearchMemories(_Mem0Body):
@@ -67,14 +81,19 @@ class ListMemories(_Mem0Body):
 
 
 class UpdateMemory(_Mem0Body):
+    """Fields not given are kept from the current version; `expiration_date: null` (which
+    the client sends to clear it) leaves the retention alone."""
+
     text: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
-    metadata: dict[str, Any] | None = None  # accepted, not kept
+    metadata: dict[str, Any] | None = None  # replaces the memory's metadata
+    timestamp: Timestamp | None = None
+    expiration_date: str | None = Field(default=None, max_length=DATE_CHARS)
 
 
 class BatchUpdateItem(_Mem0Body):
     memory_id: str = Field(min_length=1, max_length=ID_MAX)
     text: str | None = Field(default=None, min_length=1, max_length=TEXT_MAX)
-    metadata: dict[str, Any] | None = None  # accepted, not kept
+    metadata: dict[str, Any] | None = None  # replaces the memory's metadata
 
 
 class BatchUpdate(_Mem0Body):
@@ -103,8 +122,9 @@ class Mem0Memory(Contract):
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
     categories: list[str] = Field(default_factory=list)
-    created_at: datetime
+    created_at: datetime  # mem0's `timestamp` when the memory was added with one
     updated_at: datetime
+    expiration_date: date | None = None
     score: float | None = None  # search only
     # memgate's own: memories are never evidence, never trusted (SPEC §3.7)
     type: Literal["memory"] = "memory"
@@ -118,6 +138,7 @@ class Added(Contract):
     user_id: str | None = None
     agent_id: str | None = None
     run_id: str | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class AddResults(Contract):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from memgate.contracts.base import Contract, Id, Instant
 from memgate.contracts.registry import Citation
@@ -60,6 +60,20 @@ class DeleteOwnMemories(Contract):
     memory_ids: list[Id] | None = Field(default=None, min_length=1, max_length=1000)
 
 
+class Extras(Contract):
+    """What a mem0 memory carries beyond its text (SPEC §4.4), stored with its version (the
+    `extras` column): its metadata, every string in it masked like the text; the instant the
+    client says it happened (mem0's `timestamp`), shown as its `created_at`; its expiration
+    date (the version's `expires_at` is the start of that day, UTC, if sooner than the
+    retention). Stored rows are read by newer code: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    metadata: dict[str, JsonValue] | None = None
+    timestamp: datetime | None = None
+    expiration_date: date | None = None
+
+
 class Memory(Contract):
     """A memory as returned to an agent: never evidence, never trusted (SPEC §3.7)."""
 
@@ -75,6 +89,7 @@ class Memory(Contract):
     trust: Literal["untrusted"] = "untrusted"
     source_state: SourceState = "current"
     citations: list[Citation] = Field(default_factory=list)
+    extras: Extras | None = None  # a mem0 memory's (None for agent memories: not sent)
 
 
 class RememberResult(Contract):

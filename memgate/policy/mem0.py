@@ -39,7 +39,8 @@ def _id(value: Any) -> str:
     return value
 
 
-def _condition(field: str, value: Any) -> Predicate:
+def entity_condition(field: str, value: Any) -> Predicate:
+    """One condition on an entity field: an id, `"*"`, or one of eq / ne / in."""
     def get(entity: Entity) -> str | None:
         found: str | None = getattr(entity, field)
         return found
@@ -91,10 +92,10 @@ def _compile(node: Any, depth: int, budget: _Budget) -> Predicate:
                 parts.append(lambda e, c=children: any(p(e) for p in c))  # type: ignore[misc]
         elif name in FIELDS:
             budget.take()
-            parts.append(_condition(name, value))
+            parts.append(entity_condition(name, value))
         else:
             raise _refuse(f"unsupported filter field {str(name)[:40]!r}: use user_id, "
-                          "agent_id, run_id, AND, OR")
+                          "agent_id, run_id, AND, OR (metadata: `policy.metadata`)")
     return lambda entity: all(p(entity) for p in parts)
 
 
@@ -154,6 +155,7 @@ def derived_from(session_id: str, sequence_id: int) -> str:
 
 
 __all__ = [
-    "FIELDS", "FILTERS_MAX_CHARS", "Predicate", "compile_filters", "derived_from", "entity_of",
+    "FIELDS", "FILTERS_MAX_CHARS", "Predicate", "compile_filters", "derived_from",
+    "entity_condition", "entity_of",
     "namespaces", "query_filters",
 ]

@@ -221,6 +221,10 @@ class Catalog:
         if filters.namespaces is not None:
             codes = [self._codes[i] for i in filters.namespaces if i in self._codes]
             mask &= np.isin(c.namespace[:n], np.asarray(codes, np.int32))
+        if filters.memory_ids is not None:
+            chosen = np.zeros(n, bool)
+            chosen[[r for i in filters.memory_ids if (r := self._row.get(i)) is not None]] = True
+            mask &= chosen
         for memory_id in exclude:
             row = self._row.get(memory_id)
             if row is not None:

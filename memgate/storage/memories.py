@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS memories (
     expires_at     TIMESTAMP NOT NULL,
     legal_hold     BOOLEAN   NOT NULL,
     citations      VARCHAR   DEFAULT '[]',  -- JSON: passage, document, version, sha256
-    member_id      VARCHAR   -- who wrote it: the member whose version limit counts it
+    member_id      VARCHAR,  -- who wrote it: the member whose version limit counts it
+    extras         VARCHAR   -- JSON: a mem0 memory's metadata (masked like the text), timestamp
+                             -- and expiration date; NULL for others (`contracts.memory.Extras`)
 );
 -- The hourly rate limit counts a credential's remembers of the last hour: its versions created
 -- in it, and these, the versions of it that were deleted since (forget does not erase a remember).
@@ -71,11 +73,12 @@ class _Written:
 _MEMORIES = (
     "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, namespace, key, "
     "collection_id, text, classification, derived_from, created_at, superseded_at, expires_at, "
-    "legal_hold, citations, member_id)",
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, ?, ?, false, ?, ?)",
+    "legal_hold, citations, member_id, extras)",
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, ?, ?, false, ?, ?, ?)",
     "SELECT unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), "
     "unnest(?), unnest(?), 'personal', unnest(?::VARCHAR[][]), unnest(?::TIMESTAMP[]), "
-    "unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), false, unnest(?), unnest(?)")
+    "unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), false, unnest(?), unnest(?), "
+    "unnest(?::VARCHAR[])")
 _REMEMBER_LOG = ("INSERT INTO remember_log", "(?, ?)",
                  "SELECT unnest(?), unnest(?::TIMESTAMP[])")
 _OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
@@ -119,6 +122,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         # is named by its credential, `space-<spaceId>:<memberId>` (an extracted one's,
         # `…:lifecycle`, is no member's). Restored old backups come back without it too.
         self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS member_id VARCHAR")
+        self._db.execute("ALTER TABLE memories ADD COLUMN IF NOT EXISTS extras VARCHAR")
         self._db.execute(
             "UPDATE memories SET member_id = CASE WHEN starts_with(subject_id, ?) "
             "THEN split_part(credential_id, ':', 2) ELSE subject_id END WHERE member_id IS NULL",
@@ -288,8 +292,8 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
              item.credential_id, item.filters.namespace, item.filters.key,
              item.filters.collection_id, item.text,
              [*(c["passageId"] for c in item.citations), *item.derived_from],
-             created, superseded_at[position], created + timedelta(days=item.retention_days),
-             json.dumps(list(item.citations)), item.writer)
+             created, superseded_at[position], item.expires(created),
+             json.dumps(list(item.citations)), item.writer, item.extras)
             for position, (_, item, created) in enumerate(accepted)]
         if newest:  # superseding: the UPDATE and the INSERT commit together
             with transaction(db):
@@ -304,7 +308,8 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                                      superseded=superseding[position])
         written = _Written(
             versions=[Version(row[0], row[1], row[2], row[3], row[5] or "",  # NOT NULL
-                              row[6], row[7], row[8], row[10], row[11], row[13]) for row in rows],
+                              row[6], row[7], row[8], row[10], row[11], row[13], row[15])
+                      for row in rows],
             superseded=superseded)
         return [o for o in outcomes if o is not None], [
             (item.credential_id, (item.filters.tenant, item.writer), created)

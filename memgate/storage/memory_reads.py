@@ -12,7 +12,7 @@ from memgate.storage.memory_rows import Filters, Row, aware, allows, naive, row_
 from memgate.storage.recent import Recent, Version
 
 _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at, "
-            "citations")
+            "citations, extras")
 
 
 def _catalog_row(v: Version, texts: bool) -> tuple[Any, ...]:
@@ -49,6 +49,9 @@ class MemoryReads:
         if filters.namespaces is not None:
             clauses.append("list_contains(?::VARCHAR[], namespace)")
             params.append(list(filters.namespaces))
+        if filters.memory_ids is not None:
+            clauses.append("list_contains(?::VARCHAR[], memory_id)")
+            params.append(sorted(filters.memory_ids))
         return " AND ".join(clauses), params
 
     def versions(self, filters: Filters, *, as_of: datetime, limit: int,
@@ -63,7 +66,7 @@ class MemoryReads:
             [*params, limit],
         ).fetchall()
         return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), aware(r[7]),
-                    r[8]) for r in rows]
+                    r[8], r[9]) for r in rows]
 
     def high_seq(self, tenant: str, subject_id: str) -> int:
         """The seq of the owner's newest version (0: none). Channels that have applied it have

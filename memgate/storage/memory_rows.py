@@ -8,7 +8,7 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from memgate.storage.recent import Version
@@ -25,6 +25,7 @@ class Row:
     created_at: datetime
     superseded_at: datetime | None
     citations: str  # JSON
+    extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Filters:
     collection_id: str | None = None
     collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
     namespaces: tuple[str, ...] | None = None  # any of these (a mem0 filter's entities)
+    memory_ids: frozenset[str] | None = None  # any of these versions (a mem0 metadata filter's)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,13 @@ class Remember:
     citations: tuple[dict[str, Any], ...] = ()
     derived_from: tuple[str, ...] = ()  # source records beyond the cited passages
     member_id: str | None = None  # who writes it (a space's memory); None: its owner
+    extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
+    expires_at: datetime | None = None  # naive UTC: sooner than the retention, if earlier
+
+    def expires(self, created: datetime) -> datetime:
+        """When the version expires: after `retention_days`, or at `expires_at` if sooner."""
+        retained = created + timedelta(days=self.retention_days)
+        return retained if self.expires_at is None else min(retained, self.expires_at)
 
     @property
     def writer(self) -> str:
@@ -108,7 +117,7 @@ def aware(instant: datetime | None) -> datetime | None:
 def row_of(version: Version) -> Row:
     return Row(version.memory_id, version.seq, version.namespace, version.key,
                version.collection_id, version.text, version.created_at.replace(tzinfo=UTC),
-               aware(version.superseded_at), version.citations)
+               aware(version.superseded_at), version.citations, version.extras)
 
 
 def allows(filters: Filters, instant: datetime, version: Version) -> bool:
@@ -121,7 +130,8 @@ def allows(filters: Filters, instant: datetime, version: Version) -> bool:
             and (filters.collection_ids is None
                  or (version.collection_id is not None
                      and version.collection_id in filters.collection_ids))
-            and (filters.namespaces is None or version.namespace in filters.namespaces))
+            and (filters.namespaces is None or version.namespace in filters.namespaces)
+            and (filters.memory_ids is None or version.memory_id in filters.memory_ids))
 
 
 def encode_cursor(seq: int, snapshot: datetime) -> str:

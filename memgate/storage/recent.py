@@ -42,6 +42,7 @@ class Version:
     created_at: datetime  # naive UTC, as stored
     superseded_at: datetime | None
     citations: str  # JSON
+    extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
 
     @property
     def owner(self) -> Owner:
