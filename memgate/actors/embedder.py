@@ -19,6 +19,7 @@ their speaker, with those scores (the recall actor adds the context channel's).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict, defaultdict
 from functools import partial
 from pathlib import Path
@@ -34,6 +35,7 @@ from memgate.contracts.internal import (
 )
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
+from memgate.observe import metrics
 from memgate.policy import context
 from memgate.ports.bus import Bus
 from memgate.runtime.actor import Serial, ready_route
@@ -77,6 +79,8 @@ class EmbedderActor:
         self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
+        self._backlog = metrics.EMBEDDING_BACKLOG.labels(partition)
+        self._embedded_after = metrics.EMBEDDED_SECONDS.labels(partition)
 
     async def start(self) -> None:
         self._embedder = await self._model_thread(partial(
@@ -189,13 +193,28 @@ class EmbedderActor:
             fresh = catalog.lacking([item.memory_id for item in items])
             items = [item for item, new in zip(items, fresh, strict=True) if new]
             catalog.set_vectors([item.memory_id for item in items], rows[np.asarray(fresh)])
+            self._observe_embedded(catalog, [item.memory_id for item in items])
             catalog.set_speakers({item.memory_id: context.speaker(item.text) for item in items})
             kept.append(rows[np.asarray(fresh)])
             ids += [item.memory_id for item in items]
             owners += [(owner.tenant, owner.subject_id)] * len(items)
         await self._store_thread(self.vectors.put, ids, owners, np.vstack(kept))
 
+    def _observe_embedded(self, catalog: Catalog, memory_ids: list[str]) -> None:
+        """`memgate_embedded_after_seconds`: from each version's commit to its vector."""
+        now = time.time_ns() // 1000
+        for created in catalog.created(memory_ids).tolist():
+            self._embedded_after.observe(max(now - created, 0) / 1e6)
+
     async def on_events(self, payloads: list[bytes]) -> None:
+        # the events in hand and those waiting behind them (`DurableConsumer.pending`)
+        self._backlog.set(max(getattr(self._events, "pending", 0), len(payloads)))
+        try:
+            await self._on_events(payloads)
+        finally:
+            self._backlog.set(max(getattr(self._events, "pending", 0) - len(payloads), 0))
+
+    async def _on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work
         texts: dict[Owner, dict[str, str]] = {owner: {} for owner in stored}
         caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])

@@ -20,6 +20,7 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.internal import Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember
 from memgate.contracts.registry import CheckRemember, Citation
+from memgate.observe import tracing
 from memgate.policy.authorisation import authorise, refuse_personal_data
 from memgate.policy.citations import apply, cited
 from memgate.policy.masking import mask
@@ -105,19 +106,21 @@ class GovernanceActor:
         return Owner(tenant=principal.workspace_id, subject_id=principal.member_id)
 
     async def remember(self, payload: bytes) -> RememberResult:
-        envelope = parse(Envelope, payload)
-        principal = await self._principal(envelope, Scope.WRITE)
-        request = parse(RememberRequest, envelope.body)
-        refuse_personal_data(namespace=request.namespace, key=request.key)
-        masked = mask(request.text)
-        if masked.only_placeholders:
-            raise AgentMemoryEmptyError("nothing is left of the text after masking",
-                                        {"masked": masked.counts})
-        citations: list[Citation] = []
-        if request.collection_id or request.citations or principal.context_set_id:
-            citations = await self._registry.check_remember(CheckRemember(
-                workspace_id=principal.workspace_id, context_set_id=principal.context_set_id,
-                collection_id=request.collection_id, passage_ids=request.citations))
+        with tracing.span("governance"):
+            envelope = parse(Envelope, payload)
+            principal = await self._principal(envelope, Scope.WRITE)
+            request = parse(RememberRequest, envelope.body)
+            refuse_personal_data(namespace=request.namespace, key=request.key)
+            masked = mask(request.text)
+            if masked.only_placeholders:
+                raise AgentMemoryEmptyError("nothing is left of the text after masking",
+                                            {"masked": masked.counts})
+            citations: list[Citation] = []
+            if request.collection_id or request.citations or principal.context_set_id:
+                citations = await self._registry.check_remember(CheckRemember(
+                    workspace_id=principal.workspace_id,
+                    context_set_id=principal.context_set_id,
+                    collection_id=request.collection_id, passage_ids=request.citations))
         return await self._storage.remember(StoreRemember(
             owner=self._owner(principal), credential_id=principal.credential_id,
             member_id=principal.member_id,
@@ -149,12 +152,14 @@ class GovernanceActor:
             collection_ids=await self._scope(principal, None)))
 
     async def recall(self, payload: bytes) -> RecallResult:
-        envelope = parse(Envelope, payload)
-        principal = await self._principal(envelope, Scope.READ)
-        request = parse(RecallRequest, envelope.body)
-        query = RecallQuery(owner=self._owner(principal), query=mask(request.query).text,
-                            namespace=request.namespace, collection_id=request.collection_id,
-                            collection_ids=await self._scope(principal, request.collection_id),
-                            context_set_id=principal.context_set_id,
-                            as_of=request.as_of, limit=request.limit)
+        with tracing.span("governance"):
+            envelope = parse(Envelope, payload)
+            principal = await self._principal(envelope, Scope.READ)
+            request = parse(RecallRequest, envelope.body)
+            query = RecallQuery(
+                owner=self._owner(principal), query=mask(request.query).text,
+                namespace=request.namespace, collection_id=request.collection_id,
+                collection_ids=await self._scope(principal, request.collection_id),
+                context_set_id=principal.context_set_id, as_of=request.as_of,
+                limit=request.limit)
         return await self._recall.request(subjects.recall_internal(), query, RecallResult)

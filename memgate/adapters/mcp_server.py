@@ -137,7 +137,8 @@ class MemoryTools:
             raise MCPError(types.INVALID_PARAMS, "unknown tool")
         try:
             body = parse(tool.request, dict(params.arguments or {}))
-            result = await self._bus.command(tool.subject, self._credential(ctx), body, tool.result)
+            result = await self._bus.command(tool.subject, self._credential(ctx), body,
+                                             tool.result, transport="mcp")
         except MemgateError as exc:
             return tool_error(exc)
         except Exception as exc:  # a bug or a broken connection: where, never its message

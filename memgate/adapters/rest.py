@@ -25,6 +25,7 @@ from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
 from memgate.adapters import console, rest_erasure, rest_mem0, rest_sessions, rest_spaces
+from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
@@ -120,7 +121,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
         subject, result = route
         try:
             await state["bus"].command(subject, token, REFUSED_BODY, result,
-                                       params=dict(request.path_params))
+                                       params=dict(request.path_params), transport="rest")
         except ValidationFailedError:
             return error_response(refusal)
         except MemgateError as failure:
@@ -131,11 +132,13 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def call(subject: str, result: type[T], token: HTTPAuthorizationCredentials | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
         credential = token.credentials if token else None
-        return await state["bus"].command(subject, credential, body, result, params=params)
+        return await state["bus"].command(subject, credential, body, result, params=params,
+                                          transport="rest")
 
     async def send(subject: str, result: type[T], token: str | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
-        return await state["bus"].command(subject, token, body, result, params=params)
+        return await state["bus"].command(subject, token, body, result, params=params,
+                                          transport="rest")
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))
     async def healthz() -> JSONResponse:
@@ -327,6 +330,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
     for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
         app.include_router(module.router(send, command))
+    app.include_router(rest_metrics.router(send))
     app.include_router(console.router())
 
     return app

@@ -27,7 +27,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 
 import uvicorn
@@ -37,6 +37,7 @@ from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
 from memgate.app.system import Bus, actor_names, external_bus, internal_bus, start_actors
+from memgate.observe import tracing
 from memgate.runtime.actor import hand_off_the_gil_promptly
 
 log = logging.getLogger("memgate")
@@ -145,8 +146,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     hand_off_the_gil_promptly()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(name)s[{args.group}] %(levelname)s %(message)s")
-    asyncio.run(run_group(Settings(), args.group, args.nats, ready_fd=args.ready_fd,
-                          http_fd=args.http_fd))
+    settings = Settings()
+    stop_tracing = traced(settings, args.group)
+    try:
+        asyncio.run(run_group(settings, args.group, args.nats, ready_fd=args.ready_fd,
+                              http_fd=args.http_fd))
+    finally:
+        stop_tracing()  # the spans still buffered go out
+
+
+def traced(settings: Settings, process: str) -> Callable[[], None]:
+    """Trace this process if the settings name an exporter; what stops it."""
+    return tracing.configure(process, otlp_endpoint=settings.otlp_endpoint,
+                             trace_dir=settings.trace_dir,
+                             sample_ratio=settings.trace_sample_ratio)
 
 
 if __name__ == "__main__":

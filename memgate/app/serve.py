@@ -23,11 +23,12 @@ import typer
 from memgate.app import datadir, ram
 from memgate.app.layout import FRONT, groups
 from memgate.app.layout import child_environment
-from memgate.app.process import http_server
+from memgate.app.process import http_server, traced
 from memgate.app.settings import Settings
 from memgate.app.supervisor import Supervisor
 from memgate.app.logins import internal_logins
 from memgate.app.system import external_bus, start_actors, start_server, start_system
+from memgate.observe import exposition
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
 
@@ -107,9 +108,13 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
         layout = groups(settings)
         # built here once, not by the two children that run the model, at once
         await asyncio.to_thread(settings.compute_model)
+        env = child_environment(dict(os.environ), settings)
+        # every child records its metrics there; the front adds them up (`observe.exposition`)
+        env[exposition.FILES_VARIABLE] = str(exposition.fresh(
+            exposition.directory(settings.data_dir)))
         supervisor = await stack.enter_async_context(Supervisor(
             layout, replicas={g.name: g.replicas(settings) for g in layout}, nats_url=bus.url,
-            env=child_environment(dict(os.environ), settings), http_socket=http,
+            env=env, http_socket=http,
             stop_timeout_s=settings.request_timeout_s + STOP_MARGIN_S, inherit=inherit))
         await supervisor.start(*(g.name for g in layout if g.name != FRONT))
         if authority is not None:
@@ -123,6 +128,7 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
 async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ()) -> None:
     """Embedded nats-server (unless `--nats`), every actor, the REST adapter, in this process."""
     async with AsyncExitStack() as stack:
+        stack.callback(traced(settings, "memgate"))
         bus = await start_system(settings, stack, inherit=inherit)
         _record(settings, bus.url, stack)
         server = http_server(settings, bus)
@@ -137,6 +143,7 @@ async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ())
 async def run_actors(settings: Settings, only: frozenset[str]) -> None:
     """Some actors, joined to an existing NATS: how memgate scales out, one kind at a time."""
     async with AsyncExitStack() as stack:
+        stack.callback(traced(settings, "actors"))
         await start_system(settings, stack, only=only)
         stop = _stop_on_signals()
         typer.echo(f"memgate: {', '.join(sorted(only))} on {settings.nats_url}")

@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     # The Tantivy indexes (derived from storage, rebuilt on first use when lost): None keeps
     # them in RAM where there is a /dev/shm (`app/ram.py`), else under DIR/partitions/<p>
     text_index_dir: Path | None = None
+    # OpenTelemetry traces (observe/tracing.py), off unless an exporter is set: OTLP over HTTP
+    # to this collector (the extra memgate[otlp]; its base URL, /v1/traces added), and/or each
+    # process's spans as JSON lines in trace_dir/<process>-<pid>.jsonl (tests, a quick look)
+    otlp_endpoint: str | None = None
+    trace_dir: Path | None = None
+    trace_sample_ratio: float = Field(default=1.0, ge=0, le=1)  # of the traces begun here
 
     def recall_weights(self) -> dict[str, float]:
         return {"bm25": self.recall_weight_bm25, "cosine": self.recall_weight_cosine,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from types import TracebackType
@@ -24,8 +25,9 @@ from memgate.contracts import (
     RecallResult, RememberRequest, RememberResult,
 )
 from memgate.contracts.errors import (
-    PayloadTooLargeError, UnavailableError, ValidationFailedError,
+    MemgateError, PayloadTooLargeError, UnavailableError, ValidationFailedError,
 )
+from memgate.observe import metrics, tracing
 
 T = TypeVar("T", bound=Contract)
 log = logging.getLogger("memgate.bus")
@@ -74,13 +76,26 @@ class BusClient:
 
     async def request(self, subject: str, payload: Contract | bytes, result_type: type[T],
                       *, timeout: float | None = None) -> T:
+        """The reply of whoever answers `subject`; traced, a span of this hop whose
+        `traceparent` goes with the request (`observe.tracing`)."""
+        if not tracing.on():
+            return await self._request(subject, payload, result_type, timeout)
+        local = subject in self._local
+        with tracing.span(f"{'local' if local else 'send'} {subject}",
+                          kind="internal" if local else "client"):
+            return await self._request(subject, payload, result_type, timeout,
+                                       None if local else tracing.headers())
+
+    async def _request(self, subject: str, payload: Contract | bytes, result_type: type[T],
+                       timeout: float | None, headers: dict[str, str] | None = None) -> T:
         data = payload if isinstance(payload, bytes) else payload.to_json()
         handler = self._local.get(subject)
         try:
             if handler is not None:
                 return await self._here(handler, subject, data, result_type,
                                         timeout or self._timeout)
-            msg = await self._nc.request(subject, data, timeout=timeout or self._timeout)
+            msg = await self._nc.request(subject, data, timeout=timeout or self._timeout,
+                                         headers=headers)
         except NoRespondersError:
             raise UnavailableError("no actor answers on this subject",
                                    {"subject": subject}) from None
@@ -118,8 +133,31 @@ class BusClient:
         return DurableConsumer(self._nc, subject, durable, handler, batch_size=batch_size)
 
     async def command(self, subject: str, token: str | None, body: Contract | dict[str, Any],
-                      result_type: type[T], *, params: dict[str, str] | None = None) -> T:
-        """Send a public command: the credential travels inside the envelope."""
+                      result_type: type[T], *, params: dict[str, str] | None = None,
+                      transport: str | None = None) -> T:
+        """Send a public command: the credential travels inside the envelope. An adapter
+        names its `transport` (`rest`, `mcp`): the command is then counted and timed by
+        outcome (`observe.metrics`), and is a trace's first span."""
+        if transport is None:
+            return await self._command(subject, token, body, result_type, params)
+        started = time.perf_counter()
+        code = "CANCELLED"
+        try:
+            with tracing.span(f"{transport} {metrics.command_name(subject)}", kind="server"):
+                result = await self._command(subject, token, body, result_type, params)
+            code = metrics.OK
+            return result
+        except MemgateError as exc:
+            code = exc.code
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            metrics.command_done(subject, transport, code, time.perf_counter() - started)
+
+    async def _command(self, subject: str, token: str | None, body: Contract | dict[str, Any],
+                       result_type: type[T], params: dict[str, str] | None) -> T:
         data = body if isinstance(body, dict) else body.model_dump(
             mode="json", by_alias=True, exclude_none=True)
         envelope = Envelope(token=token, body=data, params=params or {})

@@ -84,10 +84,15 @@ async def answer(handler: Handler, payload: bytes, subject: str) -> Contract:
 
 
 async def reply_to(handler: Handler, payload: bytes, subject: str) -> bytes:
+    return (await coded_reply(handler, payload, subject))[0]
+
+
+async def coded_reply(handler: Handler, payload: bytes, subject: str) -> tuple[bytes, str]:
+    """The reply's bytes and its outcome: `OK`, or the failure's error code."""
     try:
-        return ok_bytes(await answer(handler, payload, subject))
+        return ok_bytes(await answer(handler, payload, subject)), "OK"
     except MemgateError as exc:
-        return Failure.of(exc).to_json()
+        return Failure.of(exc).to_json(), exc.code
 
 
 async def undecoded(msg: NatsMessage) -> NatsMessage:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -19,11 +20,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from memgate.bus.replies import NatsRouter, ReplyRoute, reply_to, undecoded
+from memgate.bus.logins import PUBLIC_COMMANDS
+from memgate.bus.replies import NatsRouter, ReplyRoute, coded_reply, reply_to, undecoded
+from memgate.observe import metrics, tracing
 
 log = logging.getLogger("memgate.bus")
 
 __all__ = ["ReplySubscription", "RoutesBroker"]
+
+# Replies to memgate's own clients (its adapters, its actors) go to inboxes named so
+# (`bus.logins.inbox_prefix`); an agent's request comes with any other reply subject.
+INTERNAL_INBOXES = "_INBOX_MG_"
 
 
 class ReplySubscription:
@@ -36,6 +43,9 @@ class ReplySubscription:
         self._slots = asyncio.Semaphore(route.max_workers)
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
+        # an agent's command, counted and timed here as the `nats` transport (the adapters'
+        # are counted by the adapters)
+        self._public = route.subject in PUBLIC_COMMANDS
 
     async def start(self) -> None:
         route = self._route
@@ -45,13 +55,29 @@ class ReplySubscription:
 
     async def _answer(self, msg: Msg) -> None:
         """nats-py awaits this for each message of the subscription, one after the other."""
-        data = await reply_to(self._route.handler, msg.data, msg.subject)
+        if tracing.on():
+            with tracing.served(f"serve {self._route.subject}", msg.headers):
+                data = await self._reply(msg)
+        elif self._public:
+            data = await self._reply(msg)
+        else:
+            data = await reply_to(self._route.handler, msg.data, msg.subject)
         if not msg.reply:  # published, not requested: nobody waits for an answer
             return
         try:
             await self._nc.publish(msg.reply, data)
         except NatsError as exc:  # the connection closed under us: the caller times out
             log.warning("reply on %s not sent: %s", msg.subject, type(exc).__name__)
+
+    async def _reply(self, msg: Msg) -> bytes:
+        """The reply, its outcome on the current span, and an agent's command counted."""
+        started = time.perf_counter()
+        data, code = await coded_reply(self._route.handler, msg.data, msg.subject)
+        tracing.note({"memgate.code": code})
+        if self._public and not (msg.reply or "").startswith(INTERNAL_INBOXES):
+            metrics.command_done(self._route.subject, "nats", code,
+                                 time.perf_counter() - started)
+        return data
 
     async def _dispatch(self, msg: Msg) -> None:
         """Hand the message to a task once a slot is free (until then, later messages wait in

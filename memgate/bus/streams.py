@@ -17,6 +17,7 @@ from nats.js.client import JetStreamContext
 from memgate.bus import subjects
 from memgate.bus.replies import traceback_summary
 from memgate.contracts.events import DeadLetter, UnreadableEventError
+from memgate.observe import metrics
 
 if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
     from memgate.ports.bus import Publisher
@@ -154,6 +155,11 @@ class DurableConsumer:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._waiting = True  # in a pull or a pause, no batch in hand: `stop` need not wait
+        # events yet to be applied, the batch in hand included: known from each fetch (the
+        # server says how many wait behind its last message), 0 once a fetch finds none
+        self.pending = 0
+        self._pending = metrics.CONSUMER_PENDING.labels(durable)
+        self._redelivered = metrics.CONSUMER_REDELIVERIES.labels(durable)
 
     async def start(self) -> None:
         await ensure_events_stream(self._js)
@@ -191,18 +197,33 @@ class DurableConsumer:
             try:
                 messages = await subscription.fetch(self._batch, timeout=FETCH_WAIT_S)
             except TimeoutError:
+                self._count(0)
                 continue
             except Exception as exc:  # connection trouble: back off, the server keeps the messages
                 log.warning("%s: fetch failed (%s)", self._durable, type(exc).__name__)
                 await asyncio.sleep(FETCH_BACKOFF_S)
                 continue
             self._waiting = False
+            self._fetched(messages)
             try:
                 await self._handle(messages)
             finally:
                 self._waiting = True
+                self._count(self.pending - len(messages))
             if len(messages) < self._batch:
                 await asyncio.sleep(self._linger)
+
+    def _count(self, pending: int) -> None:
+        self.pending = max(pending, 0)
+        self._pending.set(self.pending)
+
+    def _fetched(self, messages: list[Msg]) -> None:
+        if not messages:
+            return
+        redelivered = sum(m.metadata.num_delivered > 1 for m in messages)
+        if redelivered:
+            self._redelivered.inc(redelivered)
+        self._count(len(messages) + messages[-1].metadata.num_pending)
 
     async def _handle(self, messages: list[Msg]) -> None:
         try:
@@ -248,5 +269,6 @@ class DurableConsumer:
             await message.nak(delay=self._retry_delays[-1])
             return
         await message.term()
+        metrics.DEAD_LETTERS.labels(self._durable).inc()
         log.warning("%s: message %d on %s dead-lettered after %d deliveries (%s)", self._durable,
                     record.stream_seq, record.subject, record.deliveries, error)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from memgate.observe import metrics
 from memgate.runtime.actor import Serial
 
 Item = TypeVar("Item")
@@ -25,8 +26,10 @@ class GroupCommit(Generic[Item, Outcome]):
     database, not one item) is every caller's failure.
     """
 
-    def __init__(self, serial: Serial, commit: Commit[Item, Outcome], *, cap: int = 128) -> None:
+    def __init__(self, serial: Serial, commit: Commit[Item, Outcome], *, cap: int = 128,
+                 name: str = "group-commit") -> None:
         self._serial = serial
+        self._sizes = metrics.GROUP_COMMIT_SIZE.labels(name)  # `memgate_group_commit_size`
         self._commit = commit
         self._cap = cap
         self._waiting: list[tuple[Item, asyncio.Future[Outcome]]] = []
@@ -45,6 +48,7 @@ class GroupCommit(Generic[Item, Outcome]):
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting[: self._cap], self._waiting[self._cap:]
+                self._sizes.observe(len(batch))
                 try:
                     outcomes = await self._serial(self._commit, [item for item, _ in batch])
                 except Exception as exc:

@@ -14,9 +14,12 @@ Only the file's single writer may call `rewrite`, on the thread that owns the co
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import duckdb
+
+from memgate.observe import metrics
 
 SUFFIX = ".compact"
 _TARGET = "memgate_compaction_target"
@@ -95,6 +98,7 @@ def rewrite(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnect
     """Replace the file at `path` (open as `db`) by a fresh one holding only its live rows;
     return a connection to it, `db` being closed. Should the copy fail, the half-written copy
     is removed and the error raised, `db` still open on the unchanged old file."""
+    started = time.perf_counter()
     fresh = _fresh(path)
     _remove(fresh, _wal(fresh))
     name = db.execute("SELECT current_database()").fetchone()
@@ -115,7 +119,10 @@ def rewrite(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnect
     _remove(_wal(path))  # the old file's (empty after the close) must never replay onto the new
     os.replace(fresh, path)
     _sync_directory(path)
-    return _open(path)
+    reopened = _open(path)
+    # `memgate_file_rewrite_seconds{file="memories"}`: a kind of file, never a tenant's
+    metrics.REWRITE_SECONDS.labels(path.stem).observe(time.perf_counter() - started)
+    return reopened
 
 
 class Rewritable:

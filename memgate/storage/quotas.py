@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from memgate.contracts.errors import MemorySpaceFullError, MemorySpaceRateLimitedError
+from memgate.observe import metrics
 
 HOUR = timedelta(hours=1)
 SWEEP = timedelta(minutes=1)  # how often the windows of members idle for an hour are dropped
@@ -74,6 +75,7 @@ class Usage:
                     wait = instant + HOUR - now
                     break
             seconds = min(3600, max(1, int(wait.total_seconds()) + 1))
+            metrics.RATE_LIMITED.labels(f"{quota.name}PerHour").inc()
             raise MemorySpaceRateLimitedError(
                 f"at most {quota.per_hour} {quota.name} per hour per member",
                 {"limit": f"{quota.name}PerHour", "max": quota.per_hour,

@@ -1,0 +1,49 @@
+"""`GET /metrics`: the Prometheus text of every process of this memgate, operator only (SPEC §6).
+
+The operator's token authorises it as it authorises `…/erasure-requests/metrics`: the route
+asks the erasure actor for its KPIs with the caller's token, and whatever that refuses (401
+for no token or any but the operator's; 503 when the actor is unreachable) the scrape is
+refused alike. The rest is read from the processes' metric files (`observe.exposition`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from memgate.adapters.http_errors import COMMON, responses
+from memgate.adapters.routing import CallerToken, Send
+from memgate.bus import subjects
+from memgate.contracts.erasure import ErasureMetrics
+from memgate.observe import exposition
+
+
+def erasure_gauges(kpis: ErasureMetrics) -> dict[str, tuple[str, float]]:
+    """The erasure KPIs of SPEC §5.3 as gauges."""
+    return {
+        "memgate_erasure_requests_open": ("Erasure requests neither completed nor failed",
+                                          kpis.open),
+        "memgate_erasure_requests_overdue": ("Open erasure requests past their deadline",
+                                             kpis.overdue),
+        "memgate_erasure_requests_completed": ("Erasure requests completed", kpis.completed),
+        "memgate_erasure_days_in_process_max": ("Days the oldest open erasure request has "
+                                                "been in process", kpis.days_in_process_max),
+        "memgate_erasure_days_in_process_median": ("Median days open erasure requests have "
+                                                   "been in process",
+                                                   kpis.days_in_process_median),
+    }
+
+
+def router(send: Send) -> APIRouter:
+    routes = APIRouter(tags=["operations"])
+
+    @routes.get("/metrics", response_class=Response, responses={
+        **responses(*COMMON), 200: {"content": {exposition.CONTENT_TYPE: {}},
+                                    "description": "The Prometheus text format"}})
+    async def metrics(token: CallerToken) -> Response:
+        """Commands, latencies, group commits, consumers, dead letters, embedding, file
+        rewrites, rate limits and erasure KPIs of every process (operator token)."""
+        kpis = await send(subjects.admin("erasure.metrics"), ErasureMetrics, token, {})
+        text = exposition.exposition(exposition.gauges(erasure_gauges(kpis)))
+        return Response(text, media_type=exposition.CONTENT_TYPE)
+
+    return routes
