@@ -44,6 +44,7 @@ from memgate.contracts.internal import (
 from memgate.contracts.registry import Verification
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
+from memgate.observe import tracing
 from memgate.policy import context
 from memgate.policy.citations import apply
 from memgate.policy.fusion import Fused, rrf
@@ -169,8 +170,8 @@ class RecallActor:
                 "neighbours": self._sequence.width if self._sequence.on else 0})
             # BM25 on a task of its own; cosine, the last back as a rule, in this one
             words_ranked = asyncio.ensure_future(
-                within(self._rankers.bm25(words), self._bm25_deadline))
-            cosine = await within(self._cosine(rank, vector),
+                within(tracing.staged("bm25", self._rankers.bm25(words)), self._bm25_deadline))
+            cosine = await within(tracing.staged("cosine", self._cosine(rank, vector)),
                                   self._cosine_deadline - (loop.time() - started))
             bm25 = await words_ranked
         finally:
@@ -191,12 +192,16 @@ class RecallActor:
                                                         self._depth)
         channels |= {name: [memory_id for memory_id, _ in part]
                      for name, part in parts.items()}
-        fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k, self._weights)
-        if bm25 is not None:
-            fused = widen(fused, {memory_id: (around.before, around.after)
-                                  for memory_id, around in bm25.neighbours.items()},
-                          self._sequence)
-        shown, late_hidden = await self._head(query, filters, verdict, set(scope.cited), fused)
+        with tracing.span("fusion"):
+            fused = rrf({name: ids for name, ids in channels.items() if ids}, self._k,
+                        self._weights)
+            if bm25 is not None:
+                fused = widen(fused, {memory_id: (around.before, around.after)
+                                      for memory_id, around in bm25.neighbours.items()},
+                              self._sequence)
+        with tracing.span("rows"):
+            shown, late_hidden = await self._head(query, filters, verdict, set(scope.cited),
+                                                  fused)
         memories = [RecalledMemory(**m.model_dump(), score=f.score, ranks=Ranks(**f.ranks))
                     for m, f in shown]
         return RecallResult(memories=memories, degraded=degraded,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.observe import metrics, tracing
 from memgate.runtime.batching import GroupCommit
 from memgate.runtime.compaction import Compactions
 from memgate.actors.keys import dump_route
@@ -98,7 +99,7 @@ class StorageActor:
         self._path = path
         self._serial = Serial(self.name)
         self._remembers = GroupCommit[Remember, Stored](self._serial, self._remember_group,
-                                                        cap=GROUP_CAP)
+                                                        cap=GROUP_CAP, name=self.name)
         self._events_subject = subjects.memory_events(partition)
         self._store: MemoryStore | None = None
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
@@ -182,6 +183,7 @@ class StorageActor:
 
     def _refusal(self, reached: LimitReachedError) -> MemgateError:
         if reached.retry_after is not None:
+            metrics.RATE_LIMITED.labels("remembersPerHour").inc()
             return RateLimitedError(
                 f"at most {self._limits.remembers_per_hour} remembers per hour per credential",
                 {"retryAfterSeconds": reached.retry_after})
@@ -194,7 +196,8 @@ class StorageActor:
         after that commit."""
         command = parse(StoreRemember, payload)
         try:
-            stored = await self._remembers(self._remember(command))
+            with tracing.span("storage commit"):
+                stored = await self._remembers(self._remember(command))
         except LimitReachedError as reached:
             raise self._refusal(reached) from None
         finally:

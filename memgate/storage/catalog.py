@@ -268,6 +268,11 @@ class Catalog:
         """The versions that have no vector yet."""
         return [self._ids[row] for row in np.flatnonzero(~self._c.embedded[: self._n])]
 
+    def created(self, memory_ids: list[str]) -> np.ndarray:
+        """When the versions it holds among these were created (µs since the epoch)."""
+        rows = [row for memory_id in memory_ids if (row := self._row.get(memory_id)) is not None]
+        return self._c.created[np.asarray(rows, np.int64)]
+
     def lacking(self, memory_ids: list[str]) -> list[bool]:
         """For each id, whether the catalog holds it without a vector."""
         rows = [self._row.get(memory_id) for memory_id in memory_ids]
