@@ -59,6 +59,23 @@ class AgentKey:
 
 
 @dataclass(frozen=True)
+class ClusterSpec:
+    """This server as a member of a NATS cluster: its unique name, where it listens for the
+    other members' routes, and their route URLs (`nats://host:port`; its own is ignored)."""
+
+    node: str
+    listen: str  # HOST:PORT
+    routes: tuple[str, ...]
+    name: str = "memgate"
+
+    def args(self) -> list[str]:
+        own = f"nats://{self.listen}"
+        routes = [route for route in self.routes if route != own]
+        return ["--name", self.node, "--cluster_name", self.name, "--cluster", own,
+                *(["--routes", ",".join(routes)] if routes else [])]
+
+
+@dataclass(frozen=True)
 class Login:
     """An internal user; `permissions` None may do everything (an operator's single login)."""
 
@@ -120,8 +137,10 @@ class EmbeddedNats:
     """
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = -1,
-                 config: str | None = None, inherit: Sequence[int] = ()) -> None:
+                 config: str | None = None, inherit: Sequence[int] = (),
+                 cluster: ClusterSpec | None = None) -> None:
         self._dir = data_dir
+        self._cluster = cluster
         self._inherit = tuple(inherit)
         self._host = host
         self._port = port
@@ -151,6 +170,8 @@ class EmbeddedNats:
             stale.unlink()
         args = ["-a", self._host, "-p", str(self._port), "-js", "-sd", str(self._dir / "jetstream"),
                 "--ports_file_dir", str(ports_dir)]
+        if self._cluster is not None:
+            args += self._cluster.args()
         if self._config is not None:
             self._write_config(self._config)
             args += ["-c", str(self._config_path)]

@@ -1,0 +1,185 @@
+"""Partition ownership through leases in a replicated NATS KV bucket (SPEC §6, "Many machines").
+
+Consensus comes from NATS, never from memgate: a lease is one key of the `MEMGATE_LEASES`
+bucket (history 1, every entry expiring `ttl_s` after its last write), won by `create` (which
+succeeds only where no live entry is), renewed by `update` naming the revision the holder last
+wrote (compare-and-set: refused once anyone else has written the key), and given up by a delete
+naming that revision. The bucket is a JetStream stream whose sequence never goes back, so the
+revision of the `create` that won a lease is its **epoch**: a later holder's epoch is always
+greater. Every write a partition commits names the epoch it was made under; a copy refuses an
+older one.
+
+A holder stops serving before its lease can expire anywhere: `valid()` counts `ttl_s - margin_s`
+from the moment it *sent* its last successful write (the server's `ttl_s` starts later, when it
+stored it), on the monotonic clock, which keeps counting while the process is stopped
+(SIGSTOP). A holder that cannot renew in time, or whose renewal is refused, has lost the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from memgate.contracts.errors import UnavailableError
+
+log = logging.getLogger("memgate.cluster")
+
+BUCKET = "MEMGATE_LEASES"
+TTL_S = 6.0  # a dead holder's partitions move after at most this (plus the server's sweep)
+MARGIN_S = 1.5  # a holder stops this long before the server could let its lease go
+RENEW_EVERY_S = 1.5  # three renewals may fail before a holder stops serving
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A partition held by `node` since the write of revision `epoch`; `revision` is the
+    holder's last write (what its next renewal names)."""
+
+    partition: str
+    node: str
+    epoch: int
+    revision: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"node": self.node, "epoch": self.epoch}).encode()
+
+
+class LeaseLostError(UnavailableError):
+    """This node no longer holds the partition: it must not commit anything more for it."""
+
+
+async def lease_bucket(js: JetStreamContext, *, replicas: int = 1,
+                       ttl_s: float = TTL_S) -> KeyValue:
+    """The leases bucket, created on first use (idempotent; `replicas` 3 in a cluster)."""
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=BUCKET, history=1, ttl=ttl_s,
+                                         replicas=replicas)
+
+
+async def holder(kv: KeyValue, partition: str) -> Lease | None:
+    """Who holds `partition` now, by the bucket (None: nobody)."""
+    try:
+        entry = await kv.get(partition)
+    except KeyNotFoundError:  # never held, expired, or given up (a delete marker)
+        return None
+    if entry.value is None or entry.revision is None:
+        return None
+    data = json.loads(entry.value)
+    # a lease just won names its epoch from its first renewal on: until then it is this entry
+    return Lease(partition, str(data["node"]), int(data["epoch"]) or entry.revision,
+                 entry.revision)
+
+
+class PartitionLease:
+    """One node's hold on one partition: `acquire`, then `keep` renews it in the background.
+
+    `check()` is what a write path calls before it commits: it raises `LeaseLostError` unless
+    the lease is held and cannot have expired. `on_lost` runs once, when the lease is lost.
+    """
+
+    def __init__(self, kv: KeyValue, partition: str, node: str, *, ttl_s: float = TTL_S,
+                 margin_s: float = MARGIN_S, renew_every_s: float = RENEW_EVERY_S,
+                 on_lost: Callable[[], Awaitable[None]] | None = None) -> None:
+        assert renew_every_s < ttl_s - margin_s, "renewals must come before the lease ends"
+        self._kv = kv
+        self.partition = partition
+        self.node = node
+        self._ttl_s = ttl_s
+        self._margin_s = margin_s
+        self._renew_every_s = renew_every_s
+        self._on_lost = on_lost
+        self.lease: Lease | None = None
+        self._valid_until = 0.0
+        self._keeper: asyncio.Task[None] | None = None
+        self._lost = False
+
+    def valid(self) -> bool:
+        return self.lease is not None and not self._lost and time.monotonic() < self._valid_until
+
+    def check(self) -> Lease:
+        """The lease a commit is made under; refused once it may have gone to someone else."""
+        if not self.valid():
+            raise LeaseLostError(f"this node no longer owns partition {self.partition}")
+        assert self.lease is not None
+        return self.lease
+
+    async def acquire(self) -> Lease | None:
+        """Win the partition if nobody holds it; None if someone does."""
+        sent = time.monotonic()
+        candidate = Lease(self.partition, self.node, 0, 0)
+        try:
+            revision = await self._kv.create(self.partition, candidate.encode())
+        except KeyWrongLastSequenceError:
+            return None
+        # the epoch is the revision that won; the value names it from the next renewal on
+        self.lease = Lease(self.partition, self.node, revision, revision)
+        self._valid_until = sent + self._ttl_s - self._margin_s
+        self._lost = False
+        await self._renew()
+        return self.lease
+
+    async def _renew(self) -> None:
+        assert self.lease is not None
+        sent = time.monotonic()
+        if sent >= self._valid_until:  # too late (the process was stopped): never write again
+            raise LeaseLostError(f"the lease of {self.partition} ran out before its renewal")
+        try:
+            revision = await self._kv.update(self.partition, self.lease.encode(),
+                                             last=self.lease.revision)
+        except KeyWrongLastSequenceError as exc:  # someone else wrote it: fenced
+            raise LeaseLostError(f"partition {self.partition} was taken over") from exc
+        self.lease = Lease(self.partition, self.node, self.lease.epoch, revision)
+        self._valid_until = sent + self._ttl_s - self._margin_s
+
+    def keep(self) -> None:
+        """Renew in the background until `release` or the lease is lost."""
+        assert self.lease is not None, "acquire() first"
+        self._keeper = asyncio.create_task(self._keep(), name=f"lease-{self.partition}")
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every_s)
+            try:
+                await self._renew()
+            except LeaseLostError:
+                await self._lose()
+                return
+            except Exception as exc:  # NATS unreachable: keep trying while the lease lasts
+                log.warning("renewing the lease of %s failed: %s", self.partition,
+                            type(exc).__name__)
+                if time.monotonic() >= self._valid_until:
+                    await self._lose()
+                    return
+
+    async def _lose(self) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        log.error("lost the lease of partition %s (epoch %s): not serving it any more",
+                  self.partition, self.lease.epoch if self.lease else None)
+        if self._on_lost is not None:
+            await self._on_lost()
+
+    async def release(self) -> None:
+        """Stop renewing and give the partition up at once (a graceful stop or a drain)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        if self.lease is not None and self.valid():
+            with contextlib.suppress(KeyWrongLastSequenceError):  # already someone else's
+                await self._kv.delete(self.partition, last=self.lease.revision)
+        self._lost = True
+
+
+__all__ = ["BUCKET", "Lease", "LeaseLostError", "PartitionLease", "holder", "lease_bucket"]
