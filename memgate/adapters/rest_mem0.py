@@ -79,6 +79,12 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are no JSON: a body holding them is refused like any malformed one
+    (they would otherwise travel on as null)."""
+    raise ValueError("not JSON")
+
+
 def _json(result: Contract) -> Any:
     """mem0's JSON: field names as they are (snake_case), no `score` outside search."""
     data = result.model_dump(mode="json")
@@ -101,7 +107,7 @@ def router(send: Send, mark: Mark) -> APIRouter:
         if body:
             raw = await request.body()
             try:
-                parsed = json.loads(raw) if raw else {}
+                parsed = json.loads(raw, parse_constant=_no_constant) if raw else {}
             except (ValueError, RecursionError):  # RecursionError: nested too deep
                 parsed = None
             if isinstance(parsed, dict) and _depth(parsed) <= BODY_DEPTH_MAX:
