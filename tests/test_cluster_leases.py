@@ -29,7 +29,7 @@ BUCKET_READY_TIMEOUT_S = 30.0
 
 # A holder in a process of its own, so that the test can SIGSTOP it: it commits a "write" (a
 # line in a file) only after `check()` passes, as the storage write path does.
-HOLDER = """
+HOLDER = f"""
 import asyncio, sys, time
 import nats
 from memgate.cluster.lease import LeaseLostError, PartitionLease, lease_bucket
@@ -37,8 +37,8 @@ from memgate.cluster.lease import LeaseLostError, PartitionLease, lease_bucket
 async def main(url, out):
     nc = await nats.connect(url)
     kv = await lease_bucket(nc.jetstream())
-    lease = PartitionLease(kv, "p0", "node-a", ttl_s={ttl}, margin_s={margin},
-                           renew_every_s={renew})
+    lease = PartitionLease(kv, "p0", "node-a", ttl_s={TTL_S}, margin_s={MARGIN_S},
+                           renew_every_s={RENEW_S})
     assert await lease.acquire() is not None
     print("epoch", lease.lease.epoch, flush=True)
     lease.keep()
@@ -53,7 +53,7 @@ async def main(url, out):
             await asyncio.sleep(0.05)
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
-""".format(ttl=TTL_S, margin=MARGIN_S, renew=RENEW_S)
+"""
 
 
 class Cluster:
