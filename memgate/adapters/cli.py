@@ -92,11 +92,13 @@ def up(
     from memgate.app.ram import RamDirectoryError
     from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
     from memgate.app.supervisor import ChildFailedError
+    from memgate.cluster.ownership import OwnedElsewhereError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(Settings(**overrides)))
-    except (ChildFailedError, StartRefusedError, RamDirectoryError) as failed:
+    except (ChildFailedError, StartRefusedError, RamDirectoryError,
+            OwnedElsewhereError) as failed:
         typer.echo(f"memgate: {failed}", err=True)
         raise typer.Exit(1) from None
 
@@ -157,10 +159,16 @@ def actors(
     if settings.nats_url is None:
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
     from memgate.app.serve import run_actors
+    from memgate.cluster.ownership import OwnedElsewhereError
     from memgate.runtime.actor import hand_off_the_gil_promptly
 
     hand_off_the_gil_promptly()
-    asyncio.run(run_actors(settings, frozenset(only.split(","))))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        asyncio.run(run_actors(settings, frozenset(only.split(","))))
+    except OwnedElsewhereError as refused:
+        typer.echo(f"memgate actors: {refused}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("nats-login")

@@ -109,8 +109,15 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
         _stop_when_parent_goes(loop, stop)
     bus = (external_bus(settings, nats_url) if settings.nats_url is not None
            else internal_bus(nats_url, internal_logins(settings)))
+    lost = asyncio.Event()
+
+    async def on_lost() -> None:  # a lease gone: commit nothing more, and start again
+        lost.set()
+        stop.set()
+
     async with AsyncExitStack() as stack:
-        await start_actors(settings, bus, stack, only=members.actors, governs=members.governs)
+        await start_actors(settings, bus, stack, only=members.actors, governs=members.governs,
+                           on_lost=on_lost)
         http: HttpServer | None = None
         serving: asyncio.Task[None] | None = None
         if members.rest and http_fd is not None:
@@ -132,6 +139,11 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
         if http is not None and serving is not None:  # the front door closes before the actors
             http.should_exit = True
             await serving
+    if lost.is_set():
+        raise SystemExit(LEASE_LOST_EXIT)
+
+
+LEASE_LOST_EXIT = 75  # EX_TEMPFAIL: the supervisor starts the process again
 
 
 def main(argv: Sequence[str] | None = None) -> None:

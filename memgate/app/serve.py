@@ -142,9 +142,13 @@ async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ())
 
 async def run_actors(settings: Settings, only: frozenset[str]) -> None:
     """Some actors, joined to an existing NATS: how memgate scales out, one kind at a time."""
+    stop = _stop_on_signals()
+
+    async def on_lost() -> None:  # a lease gone: commit nothing more, and stop
+        stop.set()
+
     async with AsyncExitStack() as stack:
         stack.callback(traced(settings, "actors"))
-        await start_system(settings, stack, only=only)
-        stop = _stop_on_signals()
+        await start_system(settings, stack, only=only, on_lost=on_lost)
         typer.echo(f"memgate: {', '.join(sorted(only))} on {settings.nats_url}")
         await stop.wait()

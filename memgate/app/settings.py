@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     nats_password: SecretStr | None = None  # embedded: generated and kept under data_dir/nats
     admin_token: SecretStr | None = None
     partitions: int = Field(default=1, ge=1, le=64)
+    # Many machines (SPEC §6, `cluster`): this node's name (by default the host's, kept in
+    # DIR/node.json), the embedded server's cluster address (HOST:PORT) and the other nodes'
+    # (nats://HOST:PORT). A node with routes is clustered: its streams and buckets keep
+    # `replicas` copies (by default 3 once three nodes are named, raised in place).
+    node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    cluster: str | None = None
+    routes: list[str] = Field(default_factory=list)
+    replicas: int | None = Field(default=None, ge=1, le=5)
+    # how long a dead owner's lease keeps its stores (cluster/lease.py)
+    lease_ttl_s: float = Field(default=10.0, ge=1.0, le=120.0)
     request_timeout_s: float = 10.0
     # `memgate up`: the actors run in supervised processes by group (app/layout.py); `workers`
     # processes of each stateless group (REST + governance, recall). One process for all: True.
@@ -172,6 +182,12 @@ class Settings(BaseSettings):
     def text_index(self, partition: str) -> Path:
         """The directory of one partition's Tantivy indexes."""
         return text_index_root(self.data_dir, partition, self.text_index_dir)
+
+    def stream_replicas(self) -> int:
+        """The copies of every stream and bucket: 1 alone, 3 in a cluster of three or more."""
+        if self.replicas is not None:
+            return self.replicas
+        return 3 if len({*self.routes}) >= 3 else 1
 
     def partition_names(self) -> list[str]:
         return [f"p{i}" for i in range(self.partitions)]

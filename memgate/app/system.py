@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cache, partial
@@ -30,6 +30,7 @@ from memgate.actors.storage import StorageActor
 from memgate.app import ram
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
+from memgate.cluster.ownership import Disk, Ownership, owned
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
@@ -224,7 +225,8 @@ async def start_server(settings: Settings, stack: AsyncExitStack, *,
 
 async def start_system(settings: Settings, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(),
-                       only: frozenset[str] | None = None, inherit: tuple[int, ...] = ()) -> Bus:
+                       only: frozenset[str] | None = None, inherit: tuple[int, ...] = (),
+                       on_lost: Callable[[], Awaitable[None]] | None = None) -> Bus:
     """The embedded, locked-down nats-server (unless `nats_url` is set) and every actor, all in
     this process.
 
@@ -233,11 +235,11 @@ async def start_system(settings: Settings, stack: AsyncExitStack, *,
     the embedded server of another: with the login of the one kind it runs."""
     if settings.nats_url is not None:
         bus = external_bus(settings, settings.nats_url)
-        await start_actors(settings, bus, stack, skip=skip, only=only)
+        await start_actors(settings, bus, stack, skip=skip, only=only, on_lost=on_lost)
         return bus
     server, bus = await start_server(settings, stack, inherit=inherit)
     await start_actors(settings, bus, stack, skip=skip, server=server,
-                       logins=list(internal_logins(settings).values()))
+                       logins=list(internal_logins(settings).values()), on_lost=on_lost)
     return bus
 
 
@@ -252,9 +254,13 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        skip: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
                        server: EmbeddedNats | None = None,
                        logins: list[Login] | None = None,
-                       governs: Collection[str] = PUBLIC_COMMANDS) -> NatsAuthorityActor | None:
+                       governs: Collection[str] = PUBLIC_COMMANDS,
+                       on_lost: Callable[[], Awaitable[None]] | None = None,
+                       ) -> NatsAuthorityActor | None:
     """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them;
-    governance takes the public commands `governs` from the bus.
+    governance takes the public commands `governs` from the bus. The single-writer actors are
+    claimed first (`cluster.ownership`: else `OwnedElsewhereError`); `on_lost` runs if this
+    process loses one of them, which from then on commits nothing.
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
@@ -273,6 +279,13 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
             actors.append(authority)
     for kind in dict.fromkeys(kind_of(actor.name) for actor in actors):
         await kinds.connect(kind, stack)
+    if claimed := [actor.name for actor in actors if owned(actor.name)]:
+        ownership = Ownership(kinds.jetstream(kind_of(claimed[0])),
+                              Disk.of(settings.data_dir, settings.node),
+                              replicas=settings.stream_replicas(), ttl_s=settings.lease_ttl_s,
+                              on_lost=on_lost)
+        stack.push_async_callback(ownership.release)  # once the actors have stopped
+        await ownership.claim(claimed)
     brokers: dict[str, NatsBroker] = {}
     started: list[Actor] = []
     # Stopped together, after their brokers (nothing reaches them any more) and before their

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from faststream.nats import NatsBroker
 from faststream.security import SASLPlaintext
 from nats.aio.client import Client as NatsClient
+from nats.js.client import JetStreamContext
 
 from memgate.bus.client import BusClient
 from memgate.bus.replies import Handler
@@ -48,6 +49,9 @@ class KindConnections:
 
     def publisher(self, kind: str) -> EventPublisher:
         return EventPublisher(self._nc(kind))
+
+    def jetstream(self, kind: str) -> JetStreamContext:
+        return self._nc(kind).jetstream(timeout=self._timeout)
 
     async def connect(self, kind: str, stack: AsyncExitStack) -> None:
         nc = self._nc(kind)

@@ -34,6 +34,14 @@ JETSTREAM_DENIED: Final = tuple(f"$JS.API.{api}" for api in (
     "CONSUMER.DELETE.>", "ACCOUNT.PURGE.>", "SERVER.REMOVE", "META.LEADER.STEPDOWN"))
 
 
+# What a single-writer kind needs to claim its actors (`cluster.ownership`): the leases and homes
+# buckets, and nothing else of JetStream unless its role says so.
+OWNERSHIP: Final = tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES") for grant in (
+    f"$KV.{bucket}.>", f"$JS.API.STREAM.INFO.KV_{bucket}", f"$JS.API.STREAM.CREATE.KV_{bucket}",
+    f"$JS.API.STREAM.UPDATE.KV_{bucket}", f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
+    f"$JS.API.DIRECT.GET.KV_{bucket}.>"))
+
+
 @dataclass(frozen=True)
 class Role:
     """The subjects one kind may publish and subscribe to."""
@@ -42,14 +50,16 @@ class Role:
     subscribe: tuple[str, ...]
     callers: tuple[str, ...] = ()  # the kinds whose requests it answers (beyond readiness)
     jetstream: bool = False
+    owns: bool = False  # a single-writer kind: claims its actors through leases
 
     def permissions(self, own_inbox: str) -> dict[str, object]:
         """nats-server `permissions` for a user of this role, its replies on `own_inbox`."""
         answers = {*self.callers, ADAPTER} if self.subscribe else set()  # readiness: adapter
         replies = [f"{inbox_prefix(kind)}.>" for kind in sorted(answers)]
-        publish = [*self.publish, *replies, *(JETSTREAM if self.jetstream else ())]
+        publish = [*self.publish, *replies, *(JETSTREAM if self.jetstream else ()),
+                   *(OWNERSHIP if self.owns else ())]
         allowed: dict[str, object] = {"allow": publish}
-        if self.jetstream:
+        if self.jetstream or self.owns:
             allowed["deny"] = list(JETSTREAM_DENIED)
         return {"publish": allowed,
                 "subscribe": {"allow": [*self.subscribe, f"{own_inbox}.>"]},
@@ -79,12 +89,12 @@ ROLES: Final[dict[str, Role]] = {
                        "workspaces", "members", "credentials", "settings", "self", "owner",
                        "nats"))),
         callers=("governance", "registry", "nats-authority", "spaces", "erasure", "reaper",
-                 "keys")),
+                 "keys"), owns=True),
     "registry": Role(
         publish=(subjects.DIRECTORY_OWNER_CHECK, subjects.registry_event(">")),
         subscribe=(subjects.admin("registry.>"), subjects.registry(">"), _ready("registry"),
                    subjects.dump("registry", ">")),
-        callers=("governance", "recall", "directory", "keys"), jetstream=True),
+        callers=("governance", "recall", "directory", "keys"), jetstream=True, owns=True),
     "recall": Role(
         # recall reads from storage (`ports.storage.BusStorage.recall_scope`, `.rows`), never
         # writes: no remember, forget, purge, reap or erasure of any partition
@@ -98,26 +108,26 @@ ROLES: Final[dict[str, Role]] = {
                    subjects.dump(f"storage.{ANY}", ">")),
         callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
                  "erasure", "reaper", "keys", "space-memories"),
-        jetstream=True),
+        jetstream=True, owns=True),
     "indexer": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.index(ANY, ANY), _ready("indexer", partitioned=True)),
-        callers=("recall", "erasure"), jetstream=True),
+        callers=("recall", "erasure"), jetstream=True, owns=True),
     "embedder": Role(
         publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
         subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
-        callers=("recall", "erasure"), jetstream=True),
+        callers=("recall", "erasure"), jetstream=True, owns=True),
     "spaces": Role(
         publish=(subjects.DIRECTORY_MEMBER, subjects.store(ANY, "purge"),
                  subjects.sessions_internal("space_deleted")),
         subscribe=(subjects.space("spaces.>"), subjects.space("shares.>"),
                    subjects.spaces_internal(">"), _ready("spaces"), subjects.dump("spaces", ">")),
-        callers=("erasure", "sessions", "keys", "space-memories")),
+        callers=("erasure", "sessions", "keys", "space-memories"), owns=True),
     "sessions": Role(
         publish=(subjects.spaces_internal("access"), subjects.space_memories_internal("extract")),
         subscribe=(subjects.space("sessions.>"), subjects.sessions_internal(">"),
                    _ready("sessions"), subjects.dump("sessions", ">")),
-        callers=("erasure", "spaces", "keys")),
+        callers=("erasure", "spaces", "keys"), owns=True),
     "space-memories": Role(  # the mem0-compatible API: stateless, like governance
         publish=(*(subjects.spaces_internal(op)
                    for op in ("access", "entity", "settle", "entities", "scope", "llm")),
@@ -133,7 +143,7 @@ ROLES: Final[dict[str, Role]] = {
                  subjects.store(ANY, "subject"), subjects.index(ANY, "drop"),
                  subjects.embed(ANY, "drop"), subjects.sessions_internal("subject"),
                  subjects.keys_internal("subject"), subjects.AUDIT_APPEND),
-        subscribe=(subjects.admin("erasure.>"), _ready("erasure"))),
+        subscribe=(subjects.admin("erasure.>"), _ready("erasure")), owns=True),
     "reaper": Role(  # retention: asks, never reads or writes a store itself
         publish=(subjects.DIRECTORY_RETENTION, subjects.store(ANY, "reap")),
         subscribe=(subjects.REAPER_SWEEP, _ready("reaper")),
@@ -141,11 +151,11 @@ ROLES: Final[dict[str, Role]] = {
     "keys": Role(  # data keys (crypto-shredding); seals what backups and exports carry out
         publish=(f"{subjects.DUMP_PREFIX}.>", subjects.AUDIT_APPEND),
         subscribe=(subjects.keys_internal(">"), subjects.admin("backup.>"), _ready("keys")),
-        callers=("erasure",)),
+        callers=("erasure",), owns=True),
     "audit": Role(  # the hash-chained audit log: memory deletions (events) and appends
         publish=(DEAD_LETTERS,),
         subscribe=(subjects.AUDIT_APPEND, subjects.admin("audit.verify"), _ready("audit")),
-        callers=("keys", "erasure"), jetstream=True),
+        callers=("keys", "erasure"), jetstream=True, owns=True),
     "nats-authority": Role(
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from memgate.bus import subjects
 from memgate.bus.replies import traceback_summary
@@ -35,13 +36,28 @@ DEAD_LETTERS = JStream(
 )
 
 
-async def ensure_events_stream(js: JetStreamContext) -> None:
-    """Create the events and dead-letter streams, or leave them as they are (idempotent; any
-    actor may call it)."""
+async def ensure_events_stream(js: JetStreamContext, *, replicas: int = 1) -> None:
+    """Create the events and dead-letter streams with `replicas` copies, or raise an existing
+    one's to that number in place (idempotent; any actor may call it)."""
     for stream in (EVENTS, DEAD_LETTERS):
+        try:
+            await raise_replicas(js, stream.name, replicas)
+            continue
+        except NotFoundError:
+            pass
         await js.add_stream(name=stream.name, subjects=list(stream.subjects),
                             storage=StorageType.FILE, duplicate_window=120.0,
-                            max_age=stream.config.max_age)
+                            max_age=stream.config.max_age, num_replicas=replicas)
+
+
+async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """A stream (or a KV bucket's, `KV_<bucket>`) kept on at least `replicas` servers: raised
+    in place from fewer, never lowered."""
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) < replicas:
+        info.config.num_replicas = replicas
+        await js.update_stream(info.config)
+        log.info("stream %s raised to %d replicas", stream, replicas)
 
 
 class EventPublisher:

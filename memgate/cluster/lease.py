@@ -22,8 +22,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -34,9 +34,13 @@ from memgate.contracts.errors import UnavailableError
 log = logging.getLogger("memgate.cluster")
 
 BUCKET = "MEMGATE_LEASES"
-TTL_S = 6.0  # a dead holder's partitions move after at most this (plus the server's sweep)
-MARGIN_S = 1.5  # a holder stops this long before the server could let its lease go
-RENEW_EVERY_S = 1.5  # three renewals may fail before a holder stops serving
+# A dead holder's partitions move after at most TTL_S (plus the server's sweep). A holder serves
+# for TTL_S - MARGIN_S after each renewal it sent: 8 s outlast the Raft election that follows
+# the death of the bucket's leader (4-9 s, DEPENDENCY-NOTES) most of the time, and three late
+# renewals, or an event loop held up for 6 s, before it stops.
+TTL_S = 10.0
+MARGIN_S = 2.0
+RENEW_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,11 @@ class Lease:
     node: str
     epoch: int
     revision: int
+    # what else the holder says of itself (`cluster.ownership`: its host, process and disk)
+    about: Mapping[str, str | int] = field(default_factory=dict, compare=False)
 
     def encode(self) -> bytes:
-        return json.dumps({"node": self.node, "epoch": self.epoch}).encode()
+        return json.dumps({**self.about, "node": self.node, "epoch": self.epoch}).encode()
 
 
 class LeaseLostError(UnavailableError):
@@ -76,9 +82,9 @@ async def holder(kv: KeyValue, partition: str) -> Lease | None:
     if entry.value is None or entry.revision is None:
         return None
     data = json.loads(entry.value)
+    node, epoch = str(data.pop("node")), int(data.pop("epoch"))
     # a lease just won names its epoch from its first renewal on: until then it is this entry
-    return Lease(partition, str(data["node"]), int(data["epoch"]) or entry.revision,
-                 entry.revision)
+    return Lease(partition, node, epoch or entry.revision, entry.revision, data)
 
 
 class PartitionLease:
@@ -90,7 +96,8 @@ class PartitionLease:
 
     def __init__(self, kv: KeyValue, partition: str, node: str, *, ttl_s: float = TTL_S,
                  margin_s: float = MARGIN_S, renew_every_s: float = RENEW_EVERY_S,
-                 on_lost: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_lost: Callable[[], Awaitable[None]] | None = None,
+                 about: Mapping[str, str | int] | None = None) -> None:
         assert renew_every_s < ttl_s - margin_s, "renewals must come before the lease ends"
         self._kv = kv
         self.partition = partition
@@ -99,6 +106,7 @@ class PartitionLease:
         self._margin_s = margin_s
         self._renew_every_s = renew_every_s
         self._on_lost = on_lost
+        self._about = dict(about or {})
         self.lease: Lease | None = None
         self._valid_until = 0.0
         self._keeper: asyncio.Task[None] | None = None
@@ -114,16 +122,21 @@ class PartitionLease:
         assert self.lease is not None
         return self.lease
 
-    async def acquire(self) -> Lease | None:
-        """Win the partition if nobody holds it; None if someone does."""
+    async def acquire(self, *, replacing: Lease | None = None) -> Lease | None:
+        """Win the partition if nobody holds it; None if someone does. `replacing`: a lease
+        known to be dead (its holder's process is gone), taken over by compare-and-set."""
         sent = time.monotonic()
-        candidate = Lease(self.partition, self.node, 0, 0)
+        candidate = Lease(self.partition, self.node, 0, 0, self._about)
         try:
-            revision = await self._kv.create(self.partition, candidate.encode())
+            if replacing is None:
+                revision = await self._kv.create(self.partition, candidate.encode())
+            else:
+                revision = await self._kv.update(self.partition, candidate.encode(),
+                                                 last=replacing.revision)
         except KeyWrongLastSequenceError:
             return None
         # the epoch is the revision that won; the value names it from the next renewal on
-        self.lease = Lease(self.partition, self.node, revision, revision)
+        self.lease = Lease(self.partition, self.node, revision, revision, self._about)
         self._valid_until = sent + self._ttl_s - self._margin_s
         self._lost = False
         await self._renew()
@@ -139,7 +152,7 @@ class PartitionLease:
                                              last=self.lease.revision)
         except KeyWrongLastSequenceError as exc:  # someone else wrote it: fenced
             raise LeaseLostError(f"partition {self.partition} was taken over") from exc
-        self.lease = Lease(self.partition, self.node, self.lease.epoch, revision)
+        self.lease = Lease(self.partition, self.node, self.lease.epoch, revision, self._about)
         self._valid_until = sent + self._ttl_s - self._margin_s
 
     def keep(self) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
+from memgate.cluster import fence
 from memgate.bus import NatsRouter, ok_bytes, parse, replying
 from memgate.contracts import Contract, Envelope
 from memgate.contracts.errors import UnauthenticatedError
@@ -55,17 +56,23 @@ def _lower_priority() -> None:
 
 class Serial:
     """Runs blocking calls one at a time on a thread of their own (one writer, event loop free).
-    `background`: the thread runs at a lower priority, for work no command waits on."""
+    `background`: the thread runs at a lower priority, for work no command waits on. None runs
+    in a process that lost a lease on its stores (`cluster.fence`: `LeaseLostError`)."""
 
     def __init__(self, name: str, *, background: bool = False) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
                                         initializer=_lower_priority if background else None)
 
     async def __call__(self, fn: Callable[..., R], *args: object) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _fenced, fn, *args)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _fenced(fn: Callable[..., R], *args: object) -> R:
+    fence.check()  # on the thread, just before: a process stopped in between is caught too
+    return fn(*args)
 
 
 def partition_of(workspace_id: str, partitions: int) -> str:

@@ -1,4 +1,5 @@
-"""One DuckDB transaction: committed when the block ends, rolled back if it raises."""
+"""One DuckDB transaction: committed when the block ends, rolled back if it raises, and never
+committed by a process that lost its lease on the store (`cluster.fence`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ from contextlib import contextmanager
 
 import duckdb
 
+from memgate.cluster import fence
+
 
 @contextmanager
 def transaction(db: duckdb.DuckDBPyConnection) -> Iterator[None]:
     db.begin()
     try:
         yield
+    except BaseException:
+        db.rollback()
+        raise
+    try:
+        fence.check()
     except BaseException:
         db.rollback()
         raise

@@ -1,0 +1,209 @@
+"""One writer for each store: the single-writer actors claim their names before they serve
+(SPEC §6, "Many machines").
+
+Each single-writer actor (`storage.pN`, `indexer.pN`, `embedder.pN` and the directory, registry,
+spaces, sessions, erasure, keys and audit) is owned through a lease of its own name
+(`cluster.lease`), and has a **home**: the node and disk (data directory) that keep its files,
+recorded once, by compare-and-set, in the `MEMGATE_HOMES` bucket (no expiry). A process claims
+an actor only on its home; a second claimant while the lease is held is refused with
+`OwnedElsewhereError`, whatever the process layout: there are never two writers of one file, and
+a process never serves a store from a disk that does not hold it (an empty data directory, a
+node that is not its home) as if it were the one. Until standbys are kept in sync, an actor's
+home does not move: when its node is down, its commands wait for it.
+
+A process that lost a lease (stopped past it, cut off from NATS, fenced by a takeover) commits
+nothing more: `fence.check()` runs before every commit, and its `on_lost` stops the process,
+whose supervisor starts it again. A lease whose holder died on this host (its process is gone:
+a crash, a kill -9) is taken over at once, by compare-and-set with the next epoch, instead of
+waiting out its expiry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from memgate.bus.logins import kind_of
+from memgate.bus.streams import raise_replicas
+from memgate.cluster import fence
+from memgate.cluster.lease import (
+    BUCKET, MARGIN_S, RENEW_EVERY_S, TTL_S, Lease, PartitionLease, holder, lease_bucket,
+)
+from memgate.contracts.errors import UnavailableError
+
+log = logging.getLogger("memgate.cluster")
+
+HOMES = "MEMGATE_HOMES"
+NODE_FILE = "node.json"  # in the data directory: this disk's id, and the node it belongs to
+SINGLE_WRITERS = frozenset({"directory", "registry", "spaces", "sessions", "erasure", "keys",
+                            "audit"})
+PARTITIONED = frozenset({"storage", "indexer", "embedder"})
+CLAIM_ATTEMPTS = 5  # a lease that expires between a refused create and the read that follows
+
+
+class OwnedElsewhereError(UnavailableError):
+    """Another process holds the lease, or another disk keeps the files; the message says which."""
+
+
+def owned(actor_name: str) -> bool:
+    """Whether an actor writes files only one process may write."""
+    return actor_name in SINGLE_WRITERS or kind_of(actor_name) in PARTITIONED
+
+
+@dataclass(frozen=True)
+class Disk:
+    """This node and its data directory, as the leases and homes name them."""
+
+    node: str
+    disk: str  # made once per data directory: a directory made afresh is another disk
+    host: str
+    pid: int
+
+    @classmethod
+    def of(cls, data_dir: Path, node: str | None) -> Disk:
+        """This process's disk: `DIR/node.json`, written on first use. `node` (the setting)
+        must match a name recorded before; by default the host's name, kept from then on."""
+        path = data_dir / NODE_FILE
+        host = socket.gethostname()
+        if path.exists():
+            recorded = json.loads(path.read_text())
+            if node is not None and node != recorded["node"]:
+                raise OwnedElsewhereError(
+                    f"the data directory {data_dir} belongs to node {recorded['node']!r}, not "
+                    f"{node!r}: start it with --node {recorded['node']}, or use another "
+                    "directory for a new node")
+            return cls(recorded["node"], recorded["disk"], host, os.getpid())
+        data_dir.mkdir(parents=True, exist_ok=True)
+        disk = cls(node or host, uuid.uuid4().hex, host, os.getpid())
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"node": disk.node, "disk": disk.disk}))
+        tmp.replace(path)
+        return disk
+
+    def about(self) -> dict[str, str | int]:
+        return {"disk": self.disk, "host": self.host, "pid": self.pid}
+
+    def held_by_a_dead_process_here(self, lease: Lease) -> bool:
+        """The holder ran on this host, on this disk, and its process is gone."""
+        pid = lease.about.get("pid")
+        if (lease.about.get("host"), lease.about.get("disk")) != (self.host, self.disk):
+            return False
+        if not isinstance(pid, int) or pid == self.pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, someone else's
+            return False
+        return False
+
+
+async def homes_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    try:
+        kv = await js.key_value(HOMES)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=HOMES, history=1, replicas=replicas)
+    await raise_replicas(js, f"KV_{HOMES}", replicas)
+    return kv
+
+
+async def home_of(kv: KeyValue, name: str) -> dict[str, str] | None:
+    try:
+        entry = await kv.get(name)
+    except KeyNotFoundError:
+        return None
+    return None if entry.value is None else dict(json.loads(entry.value))
+
+
+class Ownership:
+    """The leases of one process: `claim` its single-writer actors before they serve, `release`
+    them once they have stopped."""
+
+    def __init__(self, js: JetStreamContext, disk: Disk, *, replicas: int = 1,
+                 ttl_s: float = TTL_S, on_lost: Callable[[], Awaitable[None]] | None = None,
+                 ) -> None:
+        self._js = js
+        self._disk = disk
+        self._replicas = replicas
+        self._ttl_s = ttl_s
+        self._margin_s = min(MARGIN_S, ttl_s / 5)
+        self._renew_s = min(RENEW_EVERY_S, ttl_s / 5)
+        self._on_lost = on_lost
+        self.leases: dict[str, PartitionLease] = {}
+
+    async def claim(self, names: Iterable[str]) -> None:
+        """Own every one of `names`, or raise `OwnedElsewhereError` (holding none of them)."""
+        leases = await lease_bucket(self._js, replicas=self._replicas, ttl_s=self._ttl_s)
+        await raise_replicas(self._js, f"KV_{BUCKET}", self._replicas)
+        homes = await homes_bucket(self._js, replicas=self._replicas)
+        try:
+            for name in names:
+                await self._home(homes, name)
+                lease = PartitionLease(leases, name, self._disk.node, ttl_s=self._ttl_s,
+                                       margin_s=self._margin_s, renew_every_s=self._renew_s,
+                                       on_lost=self._lost, about=self._disk.about())
+                await self._acquire(leases, lease)
+                self.leases[name] = lease
+                fence.hold(lease)
+                lease.keep()
+        except BaseException:
+            await self.release()
+            raise
+
+    async def _home(self, homes: KeyValue, name: str) -> None:
+        mine = {"node": self._disk.node, "disk": self._disk.disk}
+        home = await home_of(homes, name)
+        if home is None:
+            try:
+                await homes.create(name, json.dumps(mine).encode())
+                return
+            except KeyWrongLastSequenceError:  # another node made it its home just now
+                home = await home_of(homes, name)
+        if home != mine:
+            where = (f"on another data directory of node {home['node']!r}"
+                     if home and home.get("node") == self._disk.node
+                     else f"on node {home and home.get('node')!r}")
+            raise OwnedElsewhereError(f"{name} keeps its files {where}; this node may not "
+                                      "serve it")
+
+    async def _acquire(self, leases: KeyValue, lease: PartitionLease) -> None:
+        for _ in range(CLAIM_ATTEMPTS):
+            if await lease.acquire() is not None:
+                return
+            current = await holder(leases, lease.partition)
+            if current is None:
+                continue  # it expired, or was given up, since the create was refused
+            if not self._disk.held_by_a_dead_process_here(current):
+                raise OwnedElsewhereError(
+                    f"{lease.partition} is owned by another process (node {current.node!r}, "
+                    f"epoch {current.epoch}): a second owner is refused")
+            if await lease.acquire(replacing=current) is not None:
+                log.info("took over %s from a process that died (epoch %s -> %s)",
+                         lease.partition, current.epoch, lease.lease and lease.lease.epoch)
+                return
+        raise OwnedElsewhereError(f"{lease.partition}: could not win its lease")
+
+    async def _lost(self) -> None:
+        if self._on_lost is not None:
+            await self._on_lost()
+
+    async def release(self) -> None:
+        for lease in self.leases.values():
+            fence.drop(lease)
+            await lease.release()
+        self.leases.clear()
+
+
+__all__ = ["HOMES", "Disk", "OwnedElsewhereError", "Ownership", "home_of", "homes_bucket",
+           "owned"]
