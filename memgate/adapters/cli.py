@@ -74,10 +74,31 @@ def up(
     single_process: Annotated[bool | None, typer.Option(
         "--single-process/--processes",
         help="every actor in this one process (env MEMGATE_SINGLE_PROCESS)")] = None,
+    nats_port: Annotated[int | None, typer.Option(
+        help="the embedded nats-server's client port (env MEMGATE_NATS_PORT)")] = None,
+    node: Annotated[str | None, typer.Option(
+        help="this node's name in a cluster (env MEMGATE_NODE; default: the host's name)")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="HOST:PORT where this node's nats-server takes the other nodes' routes "
+             "(env MEMGATE_CLUSTER)")] = None,
+    routes: Annotated[str | None, typer.Option(
+        help="every node's route, comma-separated: nats://HOST:PORT,... (env MEMGATE_ROUTES)",
+    )] = None,
 ) -> None:
     """Start memgate: nats-server (embedded), every actor and the REST adapter, the actors in
-    supervised processes (a crashed one is restarted); Ctrl-C stops everything."""
+    supervised processes (a crashed one is restarted); Ctrl-C stops everything. With --cluster
+    and --routes, one node of a cluster (README, "Many machines")."""
     overrides: dict[str, Any] = {}
+    if nats_port is not None:
+        overrides["nats_port"] = nats_port
+    if node is not None:
+        overrides["node"] = node
+    if cluster is not None:
+        overrides["cluster"] = cluster
+    if routes is not None:
+        overrides["routes"] = [route.strip() for route in routes.split(",") if route.strip()]
+    if bool(overrides.get("cluster")) != bool(overrides.get("routes")):
+        raise typer.BadParameter("give both --cluster and --routes", param_hint="--cluster")
     if workers is not None:
         overrides["workers"] = workers
     if single_process is not None:

@@ -50,15 +50,21 @@ class Group:
 
 def groups(settings: Settings) -> list[Group]:
     """The groups; the front door (last) starts once the others serve and stops first, so
-    the commands in flight still find every actor while it drains."""
+    the commands in flight still find every actor while it drains. In a cluster, a group
+    whose actors all live on other nodes is left out."""
+    return [group for group in _groups(settings) if group.actors]
+
+
+def _groups(settings: Settings) -> list[Group]:
     partitions = settings.partition_names()
+    elsewhere = frozenset(settings.elsewhere)  # homed on another node of the cluster
     return [
         Group("store", frozenset({"directory", "registry", "spaces", "sessions", "erasure",
                                   "reaper", "keys", "audit", "governance",
-                                  *(f"storage.{p}" for p in partitions)}),
+                                  *(f"storage.{p}" for p in partitions)}) - elsewhere,
               governs=BESIDE_STORAGE),
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
-                                  *(f"embedder.{p}" for p in partitions)})),
+                                  *(f"embedder.{p}" for p in partitions)}) - elsewhere),
         Group(FRONT, frozenset({"governance", "space-memories", "recall"}), stateless=True,
               rest=True, governs=frozenset(PUBLIC_COMMANDS) - BESIDE_STORAGE),
     ]

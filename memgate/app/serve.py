@@ -18,6 +18,7 @@ import signal
 import socket
 from contextlib import AsyncExitStack
 
+import nats
 import typer
 
 from memgate.app import datadir, ram
@@ -27,7 +28,9 @@ from memgate.app.process import http_server, traced
 from memgate.app.settings import Settings
 from memgate.app.supervisor import Supervisor
 from memgate.app.logins import internal_logins
-from memgate.app.system import external_bus, start_actors, start_server, start_system
+from memgate.app.system import Bus, external_bus, start_actors, start_server, start_system
+from memgate.bus.streams import ensure_events_stream
+from memgate.cluster.ownership import Disk, owned, settle_homes
 from memgate.observe import exposition
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
@@ -58,10 +61,11 @@ async def serve(settings: Settings) -> None:
     """`memgate up`: supervised processes, or one process (`single_process`), on a data
     directory locked for them (else `datadir.StartRefusedError`)."""
     datadir.private_files()
-    if settings.nats_url is not None and settings.admin_token is None:
+    if (settings.nats_url is not None or settings.routes) and settings.admin_token is None:
         # every memgate joined to one NATS must know the same operator: none is made up here
         raise datadir.StartRefusedError(
-            "joined to a NATS (--nats), memgate needs the operator token: set "
+            "joined to a NATS (--nats) or a cluster (--routes), memgate needs the operator "
+            "token: set "
             "MEMGATE_ADMIN_TOKEN (e.g. to the output of `openssl rand -base64 32`)")
     lock = await asyncio.to_thread(datadir.lock, settings.data_dir)
     datadir.make_private(settings.data_dir)
@@ -100,6 +104,9 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
                 logins=list(internal_logins(settings).values()))
         else:
             bus = external_bus(settings, settings.nats_url)
+        if settings.routes or settings.nats_url is not None:
+            # the stores homed on other nodes are run there, not here
+            settings = settings.model_copy(update={"elsewhere": await _elsewhere(settings, bus)})
         http = listening_socket(settings.http_host, settings.http_port)
         stack.callback(http.close)
         # both listen from here on (the socket queues what comes before the front accepts):
@@ -123,6 +130,24 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
         _started(settings, bus.url)
         await stop.wait()
         typer.echo("memgate: draining and stopping")
+
+
+async def _elsewhere(settings: Settings, bus: Bus) -> list[str]:
+    """The single-writer actors of the layout whose home is another node (`cluster.ownership`):
+    this node makes itself the home of those that have none yet."""
+    names = [name for group in groups(settings) for name in sorted(group.actors) if owned(name)]
+    nc = await nats.connect(bus.url, name="memgate-homes", **bus.login("storage"))
+    try:
+        js = nc.jetstream(timeout=settings.request_timeout_s)
+        elsewhere = await settle_homes(js, Disk.of(settings.data_dir, settings.node), names,
+                                       replicas=settings.stream_replicas())
+        # the streams with all their copies before any consumer of them starts
+        await ensure_events_stream(js, replicas=settings.stream_replicas())
+    finally:
+        await nc.close()
+    if elsewhere:
+        typer.echo(f"memgate: on other nodes: {', '.join(elsewhere)}")
+    return elsewhere
 
 
 async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ()) -> None:

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     cluster: str | None = None
     routes: list[str] = Field(default_factory=list)
     replicas: int | None = Field(default=None, ge=1, le=5)
+    # the single-writer actors whose home is another node (`memgate up` finds them at start):
+    # not run here
+    elsewhere: list[str] = Field(default_factory=list)
     # how long a dead owner's lease keeps its stores (cluster/lease.py)
     lease_ttl_s: float = Field(default=10.0, ge=1.0, le=120.0)
     request_timeout_s: float = 10.0

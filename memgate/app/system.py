@@ -35,7 +35,7 @@ from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, PUBLIC_COMMANDS, ROLES, inbox_prefix, kind_of
-from memgate.bus.server import Login, server_config
+from memgate.bus.server import ClusterSpec, Login, server_config
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
@@ -217,9 +217,13 @@ async def start_server(settings: Settings, stack: AsyncExitStack, *,
     """The embedded, locked-down nats-server (holding the descriptors `inherit`); `stack`
     stops it."""
     logins = internal_logins(settings)
+    cluster = None
+    if settings.cluster is not None:  # one server of a NATS cluster, named after this node
+        cluster = ClusterSpec(Disk.of(settings.data_dir, settings.node).node, settings.cluster,
+                              tuple(settings.routes))
     server = await stack.enter_async_context(EmbeddedNats(
         settings.data_dir / "nats", host=settings.nats_host, port=settings.nats_port,
-        config=server_config(list(logins.values()), []), inherit=inherit))
+        config=server_config(list(logins.values()), []), inherit=inherit, cluster=cluster))
     return server, internal_bus(server.url, logins)
 
 
@@ -268,7 +272,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     def wanted(name: str) -> bool:
         return name not in skip and (only is None or name in only)
 
-    kinds = KindConnections(bus, timeout=settings.request_timeout_s)
+    kinds = KindConnections(bus, timeout=settings.request_timeout_s,
+                            replicas=settings.stream_replicas())
     actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
                           governs=governs)
     authority = None

@@ -35,9 +35,10 @@ class KindConnections:
     """One NATS connection per kind of actor, logged in as that kind; opened only for the kinds
     this process runs (`connect`), so `memgate actors --only governance` opens one."""
 
-    def __init__(self, bus: Logins, *, timeout: float) -> None:
+    def __init__(self, bus: Logins, *, timeout: float, replicas: int = 1) -> None:
         self._bus = bus
         self._timeout = timeout
+        self._replicas = replicas  # of the events streams
         self._connections: dict[str, NatsClient] = {}
 
     def _nc(self, kind: str) -> NatsClient:
@@ -48,7 +49,7 @@ class KindConnections:
         return BusClient(self._nc(kind), timeout=self._timeout, local=local)
 
     def publisher(self, kind: str) -> EventPublisher:
-        return EventPublisher(self._nc(kind))
+        return EventPublisher(self._nc(kind), replicas=self._replicas)
 
     def jetstream(self, kind: str) -> JetStreamContext:
         return self._nc(kind).jetstream(timeout=self._timeout)

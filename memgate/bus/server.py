@@ -68,11 +68,20 @@ class ClusterSpec:
     routes: tuple[str, ...]
     name: str = "memgate"
 
-    def args(self) -> list[str]:
+    def _routes(self) -> list[str]:
         own = f"nats://{self.listen}"
-        routes = [route for route in self.routes if route != own]
-        return ["--name", self.node, "--cluster_name", self.name, "--cluster", own,
-                *(["--routes", ",".join(routes)] if routes else [])]
+        return [route for route in self.routes if route != own]
+
+    def args(self) -> list[str]:
+        return ["--name", self.node, "--cluster_name", self.name, "--cluster",
+                f"nats://{self.listen}",
+                *(["--routes", ",".join(self._routes())] if self._routes() else [])]
+
+    def config(self) -> dict[str, object]:
+        """The same, as configuration: what a reload re-reads (it ignores the flags, and a
+        clustered JetStream without its server name refuses the reload)."""
+        return {"server_name": self.node,
+                "cluster": {"name": self.name, "listen": self.listen, "routes": self._routes()}}
 
 
 @dataclass(frozen=True)
@@ -160,6 +169,8 @@ class EmbeddedNats:
         return self._dir / "nats.conf"
 
     def _write_config(self, config: str) -> None:
+        if self._cluster is not None:
+            config = json.dumps({**json.loads(config), **self._cluster.config()}, indent=2)
         self._config_path.touch(mode=0o600)
         self._config_path.write_text(config)
 
@@ -170,7 +181,7 @@ class EmbeddedNats:
             stale.unlink()
         args = ["-a", self._host, "-p", str(self._port), "-js", "-sd", str(self._dir / "jetstream"),
                 "--ports_file_dir", str(ports_dir)]
-        if self._cluster is not None:
+        if self._cluster is not None and self._config is None:
             args += self._cluster.args()
         if self._config is not None:
             self._write_config(self._config)

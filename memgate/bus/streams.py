@@ -13,7 +13,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from memgate.bus import subjects
 from memgate.bus.replies import traceback_summary
@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no r
     from memgate.ports.bus import Publisher
 
 log = logging.getLogger("memgate.bus")
+
+CONSUMER_CREATE_ATTEMPTS = 20
+CONSUMER_CREATE_RETRY_S = 0.5
 
 EVENTS = JStream(
     subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_SUBJECTS], storage=StorageType.FILE,
@@ -63,11 +66,12 @@ async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> No
 class EventPublisher:
     """Publishes to the events stream; the message id makes a re-publish harmless."""
 
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: NatsClient, *, replicas: int = 1) -> None:
         self._js = nc.jetstream()
+        self._replicas = replicas
 
     async def ensure_stream(self) -> None:
-        await ensure_events_stream(self._js)
+        await ensure_events_stream(self._js, replicas=self._replicas)
 
     async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
         """Returns once JetStream has stored the event (or known it as a duplicate)."""
@@ -182,7 +186,14 @@ class DurableConsumer:
         config = ConsumerConfig(
             name=self._durable, durable_name=self._durable, filter_subject=self._subject,
             ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=self._max_deliver)
-        await self._js.add_consumer(EVENTS.name, config)  # creates, or updates an older one
+        for attempt in range(CONSUMER_CREATE_ATTEMPTS):  # creates, or updates an older one
+            try:
+                await self._js.add_consumer(EVENTS.name, config)
+                break
+            except ServiceUnavailableError:  # a cluster still placing the stream's copies
+                if attempt == CONSUMER_CREATE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(CONSUMER_CREATE_RETRY_S)
         subscription = await self._js.pull_subscribe(self._subject, durable=self._durable,
                                                      stream=EVENTS.name)
         self._task = asyncio.create_task(self._run(subscription), name=self._durable)

@@ -20,17 +20,24 @@ waiting out its expiry.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 from pathlib import Path
 
+import nats.errors
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from memgate.bus.logins import kind_of
@@ -42,12 +49,14 @@ from memgate.cluster.lease import (
 from memgate.contracts.errors import UnavailableError
 
 log = logging.getLogger("memgate.cluster")
+T = TypeVar("T")
 
 HOMES = "MEMGATE_HOMES"
 NODE_FILE = "node.json"  # in the data directory: this disk's id, and the node it belongs to
 SINGLE_WRITERS = frozenset({"directory", "registry", "spaces", "sessions", "erasure", "keys",
                             "audit"})
 PARTITIONED = frozenset({"storage", "indexer", "embedder"})
+JETSTREAM_WAIT_S = 90.0
 CLAIM_ATTEMPTS = 5  # a lease that expires between a refused create and the read that follows
 
 
@@ -90,6 +99,9 @@ class Disk:
         tmp.replace(path)
         return disk
 
+    def home(self) -> dict[str, str]:
+        return {"node": self.node, "disk": self.disk}
+
     def about(self) -> dict[str, str | int]:
         return {"disk": self.disk, "host": self.host, "pid": self.pid}
 
@@ -118,6 +130,49 @@ async def homes_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
     return kv
 
 
+async def make_home(kv: KeyValue, name: str, disk: Disk) -> dict[str, str]:
+    """The home of `name`: `disk`'s if it had none (first come, by compare-and-set)."""
+    home = await home_of(kv, name)
+    if home is None:
+        try:
+            await kv.create(name, json.dumps(disk.home()).encode())
+            return disk.home()
+        except KeyWrongLastSequenceError:  # another node made it its home just now
+            home = await home_of(kv, name)
+    assert home is not None, f"the home of {name} was made, then deleted"
+    return home
+
+
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+
+
+async def until_jetstream_answers(step: Callable[[], Awaitable[T]], *,
+                                  timeout_s: float = JETSTREAM_WAIT_S) -> T:
+    """`step()`, again while the cluster's JetStream cannot answer yet: it has no leader until
+    a majority of its servers are up, and a bucket just made elects its own."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await step()
+        except TRANSIENT:
+            if time.monotonic() > deadline:
+                raise OwnedElsewhereError(
+                    f"the cluster's JetStream did not answer within {timeout_s:.0f} s: are a "
+                    "majority of its nodes up?") from None
+            await asyncio.sleep(0.5)
+
+
+async def settle_homes(js: JetStreamContext, disk: Disk, names: Iterable[str], *,
+                       replicas: int) -> list[str]:
+    """At a node's start: the home of each of `names` that has none becomes this disk; the names
+    homed elsewhere are returned (that node runs them)."""
+    async def settle() -> list[str]:
+        homes = await homes_bucket(js, replicas=replicas)
+        return [name for name in names if await make_home(homes, name, disk) != disk.home()]
+
+    return await until_jetstream_answers(settle)
+
+
 async def home_of(kv: KeyValue, name: str) -> dict[str, str] | None:
     try:
         entry = await kv.get(name)
@@ -141,39 +196,37 @@ class Ownership:
         self._renew_s = min(RENEW_EVERY_S, ttl_s / 5)
         self._on_lost = on_lost
         self.leases: dict[str, PartitionLease] = {}
+        self._buckets: tuple[KeyValue, KeyValue] | None = None
 
     async def claim(self, names: Iterable[str]) -> None:
         """Own every one of `names`, or raise `OwnedElsewhereError` (holding none of them)."""
-        leases = await lease_bucket(self._js, replicas=self._replicas, ttl_s=self._ttl_s)
-        await raise_replicas(self._js, f"KV_{BUCKET}", self._replicas)
-        homes = await homes_bucket(self._js, replicas=self._replicas)
         try:
             for name in names:
-                await self._home(homes, name)
-                lease = PartitionLease(leases, name, self._disk.node, ttl_s=self._ttl_s,
-                                       margin_s=self._margin_s, renew_every_s=self._renew_s,
-                                       on_lost=self._lost, about=self._disk.about())
-                await self._acquire(leases, lease)
-                self.leases[name] = lease
-                fence.hold(lease)
-                lease.keep()
+                await until_jetstream_answers(partial(self._claim, name))
         except BaseException:
             await self.release()
             raise
 
+    async def _claim(self, name: str) -> None:
+        if self._buckets is None:
+            leases = await lease_bucket(self._js, replicas=self._replicas, ttl_s=self._ttl_s)
+            await raise_replicas(self._js, f"KV_{BUCKET}", self._replicas)
+            self._buckets = leases, await homes_bucket(self._js, replicas=self._replicas)
+        leases, homes = self._buckets
+        await self._home(homes, name)
+        lease = PartitionLease(leases, name, self._disk.node, ttl_s=self._ttl_s,
+                               margin_s=self._margin_s, renew_every_s=self._renew_s,
+                               on_lost=self._lost, about=self._disk.about())
+        await self._acquire(leases, lease)
+        self.leases[name] = lease
+        fence.hold(lease)
+        lease.keep()
+
     async def _home(self, homes: KeyValue, name: str) -> None:
-        mine = {"node": self._disk.node, "disk": self._disk.disk}
-        home = await home_of(homes, name)
-        if home is None:
-            try:
-                await homes.create(name, json.dumps(mine).encode())
-                return
-            except KeyWrongLastSequenceError:  # another node made it its home just now
-                home = await home_of(homes, name)
-        if home != mine:
+        home = await make_home(homes, name, self._disk)
+        if home != self._disk.home():
             where = (f"on another data directory of node {home['node']!r}"
-                     if home and home.get("node") == self._disk.node
-                     else f"on node {home and home.get('node')!r}")
+                     if home.get("node") == self._disk.node else f"on node {home.get('node')!r}")
             raise OwnedElsewhereError(f"{name} keeps its files {where}; this node may not "
                                       "serve it")
 
@@ -184,7 +237,8 @@ class Ownership:
             current = await holder(leases, lease.partition)
             if current is None:
                 continue  # it expired, or was given up, since the create was refused
-            if not self._disk.held_by_a_dead_process_here(current):
+            ours = dict(current.about) == self._disk.about()  # a create whose answer was lost
+            if not ours and not self._disk.held_by_a_dead_process_here(current):
                 raise OwnedElsewhereError(
                     f"{lease.partition} is owned by another process (node {current.node!r}, "
                     f"epoch {current.epoch}): a second owner is refused")
@@ -206,4 +260,4 @@ class Ownership:
 
 
 __all__ = ["HOMES", "Disk", "OwnedElsewhereError", "Ownership", "home_of", "homes_bucket",
-           "owned"]
+           "make_home", "owned", "settle_homes"]

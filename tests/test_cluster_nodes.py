@@ -1,0 +1,112 @@
+"""Three `memgate up` nodes on loopback forming one cluster (SPEC §6, "Many machines"): each
+runs its embedded nats-server as a member of one NATS cluster, the streams and buckets keep
+three copies, every single-writer actor has one home and one owner in the whole cluster, and a
+memory remembered through one node is listed and recalled through another."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from memgate.app.logins import internal_logins
+from memgate.app.settings import Settings
+from memgate.bus import subjects
+from memgate.bus.logins import inbox_prefix
+from memgate.cluster.lease import BUCKET, holder, lease_bucket
+from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
+from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
+from tests.test_processes import healthy
+
+pytestmark = pytest.mark.timeout(300)
+
+NODES = 3
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@asynccontextmanager
+async def node(tmp_path: Path, n: int, cluster_ports: list[int]) -> AsyncIterator[
+        tuple[httpx.AsyncClient, Path, str]]:
+    """`memgate up --node nN --cluster ... --routes ...`: its REST client, data dir, NATS URL."""
+    data_dir, http_port, nats_port = tmp_path / f"n{n}", free_port(), free_port()
+    log = (tmp_path / f"n{n}.log").open("wb")
+    routes = ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data_dir),
+        "--http", f"127.0.0.1:{http_port}", "--nats-port", str(nats_port), "--node", f"n{n}",
+        "--cluster", f"127.0.0.1:{cluster_ports[n]}", "--routes", routes,
+        env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}, stdout=log, stderr=log)
+    log.close()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}",
+                                     timeout=30) as http:
+            yield http, data_dir, f"nats://127.0.0.1:{nats_port}"
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 60)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_another_node(
+        tmp_path: Path) -> None:
+    cluster_ports = [free_port() for _ in range(NODES)]
+    async with AsyncExitStack() as stack:
+        nodes = [await stack.enter_async_context(node(tmp_path, n, cluster_ports))
+                 for n in range(NODES)]
+        for http, _, _ in nodes:  # they start together: JetStream needs a majority
+            await eventually(lambda http=http: healthy(http), timeout=150)
+        (one, one_dir, one_nats), (two, _, _) = nodes[0], nodes[1]
+
+        created = (await one.post("/api/admin/workspaces", json={"name": "acme"},
+                                  headers=ADMIN)).json()
+        ws, owner = created["workspaceId"], {
+            "Authorization": f"Bearer {created['owner']['memberToken']}"}
+        assert (await two.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
+                              json={"agentMemoriesEnabled": True})).status_code == 200
+        token = (await two.post(f"/api/w/{ws}/credentials", headers=owner, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        agent = {"Authorization": f"Bearer {token}"}
+        remembered = await one.post("/api/agent/v1/memories/remember", headers=agent,
+                                    json={"namespace": "n", "text": "the boiler is serviced "
+                                                                    "every March"})
+        assert remembered.status_code == 200, remembered.text
+        memory_id = remembered.json()["memoryId"]
+        # read-your-writes through another node
+        listed = (await two.post("/api/agent/v1/memories/list", headers=agent,
+                                 json={"namespace": "n"})).json()
+        assert [m["memoryId"] for m in listed["memories"]] == [memory_id]
+        recalled = (await two.post("/api/agent/v1/memories/recall", headers=agent,
+                                   json={"namespace": "n", "query": "boiler service"})).json()
+        assert [m["memoryId"] for m in recalled["memories"]] == [memory_id]
+        assert recalled["degraded"] == []
+
+        login = internal_logins(Settings(data_dir=one_dir))["storage"]
+        nc = await nats.connect(one_nats, user=login.user, password=login.password,
+                                inbox_prefix=inbox_prefix("storage"))
+        stack.push_async_callback(close_nats, nc)
+        js = nc.jetstream(timeout=10)
+        for stream in (subjects.EVENTS_STREAM, subjects.DLQ_STREAM, f"KV_{BUCKET}",
+                       f"KV_{HOMES}"):
+            info = await js.stream_info(stream)
+            assert info.config.num_replicas == NODES, stream
+            assert info.cluster is not None and len(info.cluster.replicas or []) == NODES - 1
+        leases, homes = await lease_bucket(js), await homes_bucket(js)
+        writers = [*SINGLE_WRITERS, *(f"{kind}.p0" for kind in ("storage", "indexer",
+                                                                  "embedder"))]
+        for name in writers:
+            home, held = await home_of(homes, name), await holder(leases, name)
+            assert home is not None and held is not None, name
+            assert held.node == home["node"], name  # owned where its files are, once
+        homed = {(await home_of(homes, name) or {}).get("node") for name in writers}
+        assert homed <= {f"n{n}" for n in range(NODES)}
