@@ -110,3 +110,15 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             assert held.node == home["node"], name  # owned where its files are, once
         homed = {(await home_of(homes, name) or {}).get("node") for name in writers}
         assert homed <= {f"n{n}" for n in range(NODES)}
+
+        # what an operator sees: each store, its home, who serves it
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "memgate.adapters", "cluster", "status", "--data-dir",
+            str(one_dir), stdout=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        out, _ = await asyncio.wait_for(status.communicate(), 60)
+        assert status.returncode == 0
+        lines = out.decode().splitlines()
+        for name in writers:
+            [line] = [line for line in lines if f" {name} " in line]
+            home = (await home_of(homes, name) or {})["node"]
+            assert line.count(f" {home} ") == 2, line  # home, and served by it

@@ -36,7 +36,8 @@ from pathlib import Path
 import nats.errors
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, ServiceUnavailableError,
+    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoStreamResponseError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 
@@ -143,7 +144,8 @@ async def make_home(kv: KeyValue, name: str, disk: Disk) -> dict[str, str]:
     return home
 
 
-TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError,
+             NoStreamResponseError)
 
 
 async def until_jetstream_answers(step: Callable[[], Awaitable[T]], *,
@@ -179,6 +181,27 @@ async def home_of(kv: KeyValue, name: str) -> dict[str, str] | None:
     except KeyNotFoundError:
         return None
     return None if entry.value is None else dict(json.loads(entry.value))
+
+
+@dataclass(frozen=True)
+class Owned:
+    """One single-writer actor as the cluster sees it: its home, and its lease (None: nobody
+    serves it now)."""
+
+    name: str
+    home: str
+    owner: Lease | None
+
+
+async def cluster_status(js: JetStreamContext) -> list[Owned]:
+    """Every single-writer actor that has a home, by name."""
+    homes, leases = await homes_bucket(js), await lease_bucket(js)
+    try:
+        names = sorted(await homes.keys())
+    except nats.js.errors.NoKeysError:
+        return []
+    return [Owned(name, (await home_of(homes, name) or {}).get("node", "?"),
+                  await holder(leases, name)) for name in names]
 
 
 class Ownership:
@@ -259,5 +282,5 @@ class Ownership:
         self.leases.clear()
 
 
-__all__ = ["HOMES", "Disk", "OwnedElsewhereError", "Ownership", "home_of", "homes_bucket",
-           "make_home", "owned", "settle_homes"]
+__all__ = ["HOMES", "Disk", "Owned", "OwnedElsewhereError", "Ownership", "cluster_status",
+           "home_of", "homes_bucket", "make_home", "owned", "settle_homes"]
