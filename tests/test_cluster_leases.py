@@ -156,7 +156,8 @@ async def test_a_lease_outlives_the_kill_of_a_follower_nats_node(cluster: Cluste
         os.kill(pid, signal.SIGKILL)
         await asyncio.sleep(3 * TTL_S)
         assert lease.valid()  # renewed by the two nodes left (a quorum of three)
-        other = PartitionLease(kv, "p1", "node-b", ttl_s=TTL_S)
+        other = PartitionLease(kv, "p1", "node-b", ttl_s=TTL_S, margin_s=MARGIN_S,
+                               renew_every_s=RENEW_S)
         assert await other.acquire() is None
         await lease.release()
 
