@@ -122,3 +122,19 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             [line] = [line for line in lines if f" {name} " in line]
             home = (await home_of(homes, name) or {})["node"]
             assert line.count(f" {home} ") == 2, line  # home, and served by it
+
+        # the same through the REST API, for the operator only
+        assert (await two.get("/api/admin/cluster", headers=owner)).status_code == 401
+        shown = await two.get("/api/admin/cluster", headers=ADMIN)
+        assert shown.status_code == 200, shown.text
+        view = {s["name"]: s for s in shown.json()["stores"]}
+        assert set(view) == set(writers)
+        for name in writers:
+            home = (await home_of(homes, name) or {})["node"]
+            assert view[name]["home"] == view[name]["servedBy"] == home
+            assert view[name]["epoch"] == (await holder(leases, name) or _none()).epoch
+        assert set(shown.json()["nodes"]) <= {f"n{n}" for n in range(NODES)}
+
+
+def _none() -> object:
+    raise AssertionError("no lease")

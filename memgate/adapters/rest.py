@@ -36,6 +36,7 @@ from memgate.contracts import (
     MemberView, MemgateError, NatsAgentCreated, PatchMember, RecallRequest, RecallResult,
     RememberRequest, RememberResult, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
 )
+from memgate.contracts.cluster import ClusterStatus
 from memgate.contracts.backup import AuditVerified
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.directory import Credentials, Me, Members
@@ -308,6 +309,12 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
         back). Members' memory spaces are not touched: a space goes with its own explicit call,
         `DELETE /memory/spaces/{spaceId}` by its owner, or with an erasure."""
         return await call(subjects.admin("owner.purge"), ForgetResult, token, {}, wsId=wsId)
+
+    @app.get("/api/admin/cluster", tags=["admin"], responses=responses(*COMMON))
+    async def cluster_status(token: Token) -> ClusterStatus:
+        """The operator's view (SPEC §6): each store's home node, the node serving it, its
+        epoch."""
+        return await call(subjects.admin("cluster.status"), ClusterStatus, token, {})
 
     @app.post("/api/admin/audit/verify", tags=["admin"], responses=responses(*COMMON))
     async def verify_audit_log(token: Token) -> AuditVerified:

@@ -65,7 +65,8 @@ def _groups(settings: Settings) -> list[Group]:
               governs=BESIDE_STORAGE),
         Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
                                   *(f"embedder.{p}" for p in partitions)}) - elsewhere),
-        Group(FRONT, frozenset({"governance", "space-memories", "recall"}), stateless=True,
+        Group(FRONT, frozenset({"governance", "space-memories", "recall", "cluster"}),
+              stateless=True,
               rest=True, governs=frozenset(PUBLIC_COMMANDS) - BESIDE_STORAGE),
     ]
 

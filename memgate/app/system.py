@@ -13,6 +13,7 @@ from functools import cache, partial
 from typing import Any
 
 from memgate.actors.audit import AuditActor
+from memgate.actors.cluster import ClusterActor
 from memgate.actors.directory import DirectoryActor
 from memgate.actors.embedder import EmbedderActor
 from memgate.actors.erasure import ErasureActor
@@ -30,7 +31,7 @@ from memgate.actors.storage import StorageActor
 from memgate.app import ram
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
-from memgate.cluster.ownership import Disk, Ownership, owned
+from memgate.cluster.ownership import SINGLE_WRITERS, Disk, Ownership, owned
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
@@ -126,6 +127,10 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s,
                           origins=settings.allowed_llm_origins()),
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
+        "cluster": lambda: ClusterActor(
+            js=lambda: kinds.jetstream("cluster"), admin_token=lambda: admin_token(settings),
+            names=[*sorted(SINGLE_WRITERS), *(f"{kind}.{p}" for p in settings.partition_names()
+                                              for kind in ("storage", "indexer", "embedder"))]),
         "registry": lambda: RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                                           publisher=publisher("registry")),
         "reaper": lambda: ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
@@ -169,8 +174,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
 
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["audit", "directory", "erasure", "governance", "keys", "reaper", "recall", "registry",
-             "sessions", "space-memories", "spaces"]
+    names = ["audit", "cluster", "directory", "erasure", "governance", "keys", "reaper", "recall",
+             "registry", "sessions", "space-memories", "spaces"]
     for partition in settings.partition_names():
         names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
     return [subjects.ready(name) for name in names]

@@ -1,0 +1,59 @@
+"""The cluster actor: answers the operator's `GET /api/admin/cluster` from the leases and homes
+buckets (`cluster.ownership`). Stateless, in the `front`; reads, never writes, the buckets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+
+from memgate.bus import NatsRouter, replying, subjects
+from memgate.cluster.lease import BUCKET, holder
+from memgate.cluster.ownership import HOMES, home_of
+from memgate.contracts.cluster import ClusterStatus, StoreOwner
+from memgate.contracts.reply import Envelope
+from memgate.runtime.actor import enveloped, ready_route
+from memgate.storage.directory import hash_token
+
+
+class ClusterActor:
+    name = "cluster"
+
+    def __init__(self, *, js: Callable[[], JetStreamContext], names: list[str],
+                 admin_token: Callable[[], str]) -> None:
+        self._js = js  # the connection opens after the actors are made
+        self._names = names  # every single-writer actor of the deployment
+        self._admin_token = admin_token
+        self._admin_hash = ""
+
+    async def start(self) -> None:
+        self._admin_hash = hash_token(self._admin_token())
+
+    async def stop(self) -> None:
+        pass
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        router.subscriber(subjects.admin("cluster.status"), queue=self.name)(
+            replying(enveloped(self.status, operator=lambda: self._admin_hash)))
+        ready_route(router, subjects.ready(self.name), self.name)
+        return router
+
+    async def status(self, envelope: Envelope) -> ClusterStatus:
+        js = self._js()
+        try:
+            homes, leases = await js.key_value(HOMES), await js.key_value(BUCKET)
+        except BucketNotFoundError:  # nothing has claimed a store yet
+            return ClusterStatus(nodes=[], stores=[StoreOwner(name=n) for n in self._names])
+        stores = []
+        for name in self._names:
+            home, lease = await home_of(homes, name), await holder(leases, name)
+            stores.append(StoreOwner(name=name, home=None if home is None else home.get("node"),
+                                     served_by=None if lease is None else lease.node,
+                                     epoch=None if lease is None else lease.epoch))
+        nodes = sorted({n for s in stores for n in (s.home, s.served_by) if n is not None})
+        return ClusterStatus(nodes=nodes, stores=stores)
+
+
+__all__ = ["ClusterActor"]
