@@ -8,6 +8,7 @@ through the API afterwards. Screenshots go to `MEMGATE_SCREENSHOTS` (default: th
 from __future__ import annotations
 
 import os
+import socket
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -189,6 +190,12 @@ async def test_an_operator_runs_an_erasure_to_completed(
     await expect(page.locator("#audit-result")).to_contain_text("The audit log's chain holds")
     await expect(page.locator("#health-table")).to_contain_text("storage")
     await expect(page.locator("#health-table")).not_to_contain_text("waiting")
+    # every store is kept and served by this node (its name: the host's, by default)
+    cluster = page.locator("#cluster-table")
+    await expect(cluster).to_contain_text("storage.p0")
+    await expect(cluster.locator("tr", has_text="storage.p0")).to_contain_text(
+        socket.gethostname())
+    await expect(cluster).not_to_contain_text("nobody")
     scraped = await memgate.admin("GET", "/metrics", ADMIN_TOKEN)
     if scraped.status_code == 200:
         await expect(page.locator("#bus-table")).not_to_contain_text("not available")

@@ -363,6 +363,9 @@ async function loadOperations() {
     const cut = line.lastIndexOf(" ");
     return cut < 0 ? row(line, "") : row(line.slice(0, cut), line.slice(cut + 1));
   }));
+  const cluster = await api("GET", "/api/admin/cluster");
+  fill("cluster-table", cluster.stores.map((s) =>
+    row(s.name, s.home || "none", s.servedBy || "nobody", s.epoch === null ? "-" : String(s.epoch))));
 }
 
 async function verifyAudit() {
