@@ -16,6 +16,7 @@ import httpx
 import nats
 import pytest
 
+from memgate import MemgateClient
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus import subjects
@@ -135,6 +136,35 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             assert view[name]["epoch"] == (await holder(leases, name) or _none()).epoch
         assert set(shown.json()["nodes"]) <= {f"n{n}" for n in range(NODES)}
 
+        # an agent's NATS login, issued through node 1, works on every node
+        login_made = (await one.post("/api/admin/nats-agents", json={"name": "bot"},
+                                     headers=ADMIN)).json()
+        agents = []
+        for _, _, url in nodes:
+            agents.append(await _eventually_connected(url, token, login_made))
+        stored = await agents[2].remember("n", "the gate code changes on Mondays")
+        listed_ids = {m.memory_id for m in (await agents[1].list(namespace="n")).memories}
+        assert listed_ids == {memory_id, stored.memory_id}
+        for connected in agents:
+            await connected.close()
+
+
+async def _eventually_connected(url: str, token: str,
+                                login: dict[str, str]) -> MemgateClient:
+    for _ in range(60):
+        if (agent := await _agent_on(url, token, login)) is not None:
+            return agent
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the agent's login never worked on {url}")
+
 
 def _none() -> object:
     raise AssertionError("no lease")
+
+
+async def _agent_on(url: str, token: str, login: dict[str, str]) -> MemgateClient | None:
+    try:
+        return await MemgateClient.connect(url, token, nats_seed=login["seed"],
+                                           inbox_prefix=login["inboxPrefix"], timeout=5.0)
+    except Exception:  # the node has not loaded the new login yet
+        return None
