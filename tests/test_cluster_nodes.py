@@ -6,7 +6,9 @@ memory remembered through one node is listed and recalled through another."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,7 +26,7 @@ from memgate.bus.logins import inbox_prefix
 from memgate.cluster.lease import BUCKET, holder, lease_bucket
 from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
-from tests.test_processes import healthy
+from tests.test_processes import alive, children, healthy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,3 +170,144 @@ async def _agent_on(url: str, token: str, login: dict[str, str]) -> MemgateClien
                                            inbox_prefix=login["inboxPrefix"], timeout=5.0)
     except Exception:  # the node has not loaded the new login yet
         return None
+
+
+class Node:
+    """One `memgate up` node that the test can kill -9 (its whole process tree) and start
+    again on the same data directory and ports."""
+
+    def __init__(self, tmp_path: Path, n: int, cluster_ports: list[int]) -> None:
+        self.name = f"n{n}"
+        self.data_dir = tmp_path / self.name
+        self.http_port, self.nats_port = free_port(), free_port()
+        self._log = tmp_path / f"{self.name}.log"
+        self._args = ["--data-dir", str(self.data_dir), "--http", f"127.0.0.1:{self.http_port}",
+                      "--nats-port", str(self.nats_port), "--node", self.name,
+                      "--cluster", f"127.0.0.1:{cluster_ports[n]}", "--routes",
+                      ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)]
+        self.process: asyncio.subprocess.Process | None = None
+        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", timeout=30)
+
+    async def start(self) -> None:
+        with self._log.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "memgate.adapters", "up", *self._args,
+                env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN}, stdout=log, stderr=log)
+
+    async def kill(self) -> None:
+        """kill -9 of the supervisor, its nats-server and every child at once."""
+        assert self.process is not None
+        tree = [self.process.pid, *children(self.process.pid)]
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await self.process.wait()
+        for pid in tree:
+            await eventually(lambda pid=pid: _gone(pid), timeout=30)
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 60)
+            except TimeoutError:
+                await self.kill()
+        await self.http.aclose()
+
+
+async def _gone(pid: int) -> bool:
+    return not alive(pid)
+
+
+async def test_a_node_killed_outright_loses_nothing_acknowledged_and_rejoins(
+        tmp_path: Path) -> None:
+    cluster_ports = [free_port() for _ in range(NODES)]
+    nodes = [Node(tmp_path, n, cluster_ports) for n in range(NODES)]
+    try:
+        for one_node in nodes:
+            await one_node.start()
+        for one_node in nodes:
+            await eventually(lambda n=one_node: healthy(n.http), timeout=150)
+        created = (await nodes[0].http.post("/api/admin/workspaces", json={"name": "acme"},
+                                            headers=ADMIN)).json()
+        ws, owner = created["workspaceId"], {
+            "Authorization": f"Bearer {created['owner']['memberToken']}"}
+        await nodes[0].http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
+                                json={"agentMemoriesEnabled": True})
+        token = (await nodes[0].http.post(f"/api/w/{ws}/credentials", headers=owner, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        agent = {"Authorization": f"Bearer {token}"}
+        status = (await nodes[0].http.get("/api/admin/cluster", headers=ADMIN)).json()
+        homes = {s["name"]: s["home"] for s in status["stores"]}
+        home = next(n for n in nodes if n.name == homes["storage.p0"])
+        others = [n for n in nodes if n is not home]
+        acked: dict[str, str] = {}
+
+        async def remember_through(through: Node, stop: asyncio.Event) -> int:
+            refused = 0
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+                text = f"note {len(acked)} {refused} through {through.name}"
+                try:
+                    answer = await through.http.post("/api/agent/v1/memories/remember",
+                                                     headers=agent,
+                                                     json={"namespace": "n", "text": text},
+                                                     timeout=15)
+                except httpx.TransportError:
+                    refused += 1
+                    continue
+                if answer.status_code == 200:
+                    acked[answer.json()["memoryId"]] = text
+                else:
+                    refused += 1
+            return refused
+
+        async def listed(through: Node) -> dict[str, str]:
+            found: dict[str, str] = {}
+            cursor = None
+            while True:
+                page = (await through.http.post(
+                    "/api/agent/v1/memories/list", headers=agent,
+                    json={"namespace": "n", "limit": 100, "cursor": cursor})).json()
+                for memory in page["memories"]:
+                    assert memory["memoryId"] not in found  # none twice
+                    found[memory["memoryId"]] = memory["text"]
+                if not (cursor := page.get("nextCursor")):
+                    return found
+
+        # a node that keeps no store: killed mid-load, the others go on, it comes back
+        spare, survivor = others
+        stop = asyncio.Event()
+        load = asyncio.create_task(remember_through(survivor, stop))
+        await asyncio.sleep(1)
+        await spare.kill()
+        await asyncio.sleep(2)
+        stop.set()
+        await load
+        await spare.start()
+        await eventually(lambda: healthy(spare.http), timeout=120)
+        assert await listed(spare) == acked
+
+        # the node that keeps the store: killed mid-load, nothing acknowledged is lost, and its
+        # store is served again once it is back (its disk is the only copy: no standby yet)
+        stop = asyncio.Event()
+        load = asyncio.create_task(remember_through(survivor, stop))
+        await asyncio.sleep(1)
+        await home.kill()
+        await asyncio.sleep(1)
+        stop.set()
+        await load
+        await home.start()
+        await eventually(lambda: healthy(home.http), timeout=120)
+        before = len(acked)
+        stop = asyncio.Event()
+        load = asyncio.create_task(remember_through(survivor, stop))
+        await asyncio.sleep(1)
+        stop.set()
+        await load
+        assert len(acked) > before  # writes resumed
+        assert await listed(survivor) == acked
+        assert await listed(home) == acked
+    finally:
+        for one_node in nodes:
+            await one_node.stop()
