@@ -192,6 +192,9 @@ FORBIDDEN = {
               "mem.cmd.forget", "mem.int.keys.subject"],
     "space-memories": ["mem.evt.p0.memory", "mem.int.store.p0.purge", "mem.int.dir.principal",
                        "mem.cmd.remember", "mem.int.spaces.subject"],
+    "cluster": ["$KV.MEMGATE_LEASES.storage.p0", "$KV.MEMGATE_HOMES.storage.p0",
+                "$JS.API.STREAM.INFO.MEM_EVT", "$JS.API.STREAM.DELETE.KV_MEMGATE_LEASES",
+                "mem.int.store.p0.remember"],
     "adapter": ["mem.int.store.p0.remember", "mem.evt.p0.memory", "$JS.API.STREAM.INFO.MEM_EVT",
                 "mem.int.nats.reload"],
 }

@@ -26,7 +26,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BadRequestError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError,
+)
 from nats.js.kv import KeyValue
 
 from memgate.contracts.errors import UnavailableError
@@ -190,8 +192,15 @@ class PartitionLease:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
         if self.lease is not None and self.valid():
-            with contextlib.suppress(KeyWrongLastSequenceError):  # already someone else's
+            try:
                 await self._kv.delete(self.partition, last=self.lease.revision)
+            except (KeyWrongLastSequenceError, BadRequestError):
+                # a renewal cancelled in flight may have been written: still ours if it names
+                # our epoch (else already someone else's)
+                current = await holder(self._kv, self.partition)
+                if current is not None and current.epoch == self.lease.epoch:
+                    with contextlib.suppress(KeyWrongLastSequenceError, BadRequestError):
+                        await self._kv.delete(self.partition, last=current.revision)
         self._lost = True
 
 

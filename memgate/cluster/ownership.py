@@ -278,7 +278,10 @@ class Ownership:
     async def release(self) -> None:
         for lease in self.leases.values():
             fence.drop(lease)
-            await lease.release()
+            try:
+                await lease.release()
+            except Exception as exc:  # NATS gone: the lease runs out by itself
+                log.warning("could not give up %s: %s", lease.partition, type(exc).__name__)
         self.leases.clear()
 
 
