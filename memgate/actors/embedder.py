@@ -44,8 +44,9 @@ from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
 CATALOGS_KEPT = 256  # owners whose catalogs (and vector matrices) stay in memory
-# One ONNX thread: documents are embedded in the background, where CPU counts more than latency
-# (measured: 8.5 -> 7.3 ms CPU for a text alone, 5.5 -> 4.9 per text in batches of 8).
+# One ONNX thread: documents are embedded in the background, where CPU counts more than latency,
+# and one thread costs less CPU per text (docs/experiments/embedding.md, "Figures quoted from
+# the code").
 MODEL_THREADS = 1
 # Events handled at most per batch: when the consumer lags, each batch costs a few round trips to
 # storage per owner and one model call, so bigger batches catch up faster (well within ack_wait).

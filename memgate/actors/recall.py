@@ -57,8 +57,9 @@ from memgate.ports.storage import BusStorage, Storage
 from memgate.runtime.actor import Serial, ready_route
 
 QUEUE = "recall"
-# One ONNX thread: a query's int8 run is no faster on two (1.36 vs 1.50 ms, measured), and the
-# second core is left to the BM25 and cosine work the recall waits for meanwhile.
+# One ONNX thread: a query's int8 run is no faster on two, and the second core is left to the
+# BM25 and cosine work the recall waits for meanwhile (docs/experiments/embedding.md, "Figures
+# quoted from the code").
 QUERY_THREADS = 1
 HEAD_MARGIN = 5  # rows read beyond the limit, for hidden, deleted or superseded ones
 

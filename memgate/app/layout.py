@@ -25,9 +25,9 @@ from memgate.bus.logins import PUBLIC_COMMANDS
 
 FRONT = "front"
 # An agent's remember, list and forget are governed beside storage, which governance then asks
-# in process: two trips through nats-server fewer than from the `front` (one agent over the bus,
-# 3 pairs: remember p50 4.7 / 3.9 / 4.9 -> 3.6 / 3.5 / 4.1 ms; 32 agents: 757 / 616 -> 1,141 /
-# 973/s). Recall is governed beside recall, in the `front`.
+# in process: two trips through nats-server fewer than from the `front` (docs/DECISIONS.md, "An
+# agent's remember, list and forget are governed beside storage"). Recall is governed beside
+# recall, in the `front`.
 BESIDE_STORAGE = frozenset({subjects.REMEMBER, subjects.LIST, subjects.FORGET})
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
@@ -84,14 +84,13 @@ def child_environment(base: dict[str, str], settings: Settings) -> dict[str, str
     process of one `memgate up` runs with the same settings."""
     env = dict(base)
     # numpy's OpenBLAS runs a product on every core, then its threads spin waiting for the next
-    # one: a 0.25 ms cosine scan cost the index process 5.6 ms of CPU (measured). The actors'
-    # products are small; one thread each (a value set by the user stays).
+    # one, which costs far more CPU than the product (docs/DECISIONS.md, "One BLAS thread per
+    # process"). The actors' products are small; one thread each (a value set by the user stays).
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     # glibc's malloc asks for transparent huge pages for what it maps: the model's weights, read
     # by every run, then take a few TLB entries instead of thousands, and a run that follows
-    # other work costs less (one agent over the bus, medians of 3 pairs: recall p50 9.4 -> 7.8
-    # ms, remember p50 5.3 -> 4.4 ms; docs/DECISIONS.md). Other C libraries ignore it; a user's
-    # value stays.
+    # other work costs less (docs/DECISIONS.md, "The children ask for transparent huge pages").
+    # Other C libraries ignore it; a user's value stays.
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb=" not in tunables:
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, HUGE_PAGES)))

@@ -129,7 +129,7 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
                     raise RuntimeError("the REST adapter did not start")
                 await asyncio.sleep(0.01)
         # What starting built lives as long as the process: a full collection need not walk it
-        # again and again (the front: ~30 µs less CPU per REST request, docs/DECISIONS.md).
+        # again and again (docs/DECISIONS.md, "REST adapter CPU per request").
         gc.collect()
         gc.freeze()
         if ready_fd is not None:

@@ -3,9 +3,8 @@
 A text index is derived data: storage holds every text, and the indexer's catch-up indexes
 whatever an owner's index lacks before it ranks for it, so an index lost (a reboot empties
 `/dev/shm`) is rebuilt on first use. On disk, each commit that makes added documents searchable
-fsyncs a segment: 12.6 ms of CPU (mostly the kernel's) and up to ~50-90 ms of wall time under
-load, paid on a recall's path when the owner remembered since (read-your-writes); in RAM 3.9 ms
-(measured, docs/DECISIONS.md).
+fsyncs a segment, mostly the kernel's work, paid on a recall's path when the owner remembered
+since (read-your-writes); in RAM it costs a fraction (docs/DECISIONS.md, "Text indexes in RAM").
 
 Each data directory has its own RAM directory (`/dev/shm/memgate-<uid>/<hash of its path>`,
 private to the user), which records the data directory it belongs to; one whose data directory

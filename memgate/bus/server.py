@@ -124,9 +124,9 @@ def render_config(internal_user: str, internal_password: str, agents: Sequence[A
 def server_environment(base: dict[str, str]) -> dict[str, str]:
     """The embedded server's environment: Go on one thread unless the user set GOMAXPROCS.
     Its Go scheduler otherwise spins threads looking for work after every message and wakes
-    them for the next: one agent over the bus, server CPU per recall 15.7 -> 13.6 ms and p50
-    13.1 -> 11.3 ms (docs/DECISIONS.md). One thread routes far more messages than the actors
-    of one machine send."""
+    them for the next, which costs more than it gives for many small messages (docs/DECISIONS.md,
+    "The embedded nats-server runs Go on one thread"). One thread routes far more messages than
+    the actors of one machine send."""
     return {**base, "GOMAXPROCS": base.get("GOMAXPROCS") or "1"}
 
 

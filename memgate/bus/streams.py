@@ -157,8 +157,9 @@ class DurableConsumer:
 
     Pull (not push) so that several replicas can share one durable consumer. Hand-written on
     nats-py rather than a faststream `PullSub`: the latter's partial-batch refetch with
-    sub-millisecond timeouts left messages unacknowledged until `ack_wait` expired (measured:
-    ~30 s of lag under load).
+    sub-millisecond timeouts left messages unacknowledged until `ack_wait` expired, a lag of
+    many seconds under load (docs/experiments/processes-and-bus.md, "Figures quoted from the
+    code").
     """
 
     def __init__(self, nc: NatsClient, subject: str, durable: str, handler: BatchHandler,

@@ -17,8 +17,8 @@ class OnnxEmbedder:
     """Mean-pooled, L2-normalised float32 vectors.
 
     Each text is run alone: padding a batch to its longest text cost more than the runs it
-    saved (LoCoMo turns, measured: 18.4 ms of CPU per text in padded batches of 16, 11.9 alone),
-    and with int8 compute a text's vector would depend on the texts padded beside it (the
+    saved (docs/DECISIONS.md, "Embedding compute in int8, one text per run"), and with int8
+    compute a text's vector would depend on the texts padded beside it (the
     activations are quantized per run)."""
 
     def __init__(self, model: Path, tokenizer: Path, *, max_length: int = 256,

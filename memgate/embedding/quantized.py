@@ -2,18 +2,19 @@
 
 The shipped all-MiniLM-L6-v2 file stores its weights as int8 with per-row scales, but its graph
 multiplies them back to float32 (Cast, Mul), which onnxruntime folds at load: every run then
-streams ~42 MB of float weights through the cache, and a 5-token query costs ~3.4 ms, a LoCoMo
-turn ~10 ms of CPU (measured, docs/DECISIONS.md). Here the folded graph is quantized again with
+streams all its float weights through the cache. Here the folded graph is quantized again with
 onnxruntime's own dynamic quantization (per output channel, int8 weights, only products by a
-constant weight, activations quantized per run): ~1.4 ms and ~4.7 ms, vectors at cosine 0.993 on
-average to the float ones, the same recall on the development half.
+constant weight, activations quantized per run): a fraction of the CPU, vectors close to the
+float ones, the same recall on the development half (docs/DECISIONS.md, "Embedding compute in
+int8, one text per run").
 
 Then what only padding needs leaves the graph: `OnnxEmbedder` runs each text alone, never
 padded, so the attention mask added to every layer's scores is all zeros and the guard that
 replaces a NaN in their softmax never fires (it only matters for a row that is all padding); and
 the shapes that a padded batch would need are not computed per layer: each key's chain of
-transposes and reshapes (with the shape arithmetic feeding it) is one transpose. 450 → 350
-nodes, ~12 % less CPU for a query and ~9 % for a note (measured), the same bits out: nothing
+transposes and reshapes (with the shape arithmetic feeding it) is one transpose: fewer nodes
+and less CPU per run (docs/DECISIONS.md, "What only padding needs leaves the int8 graph"), the
+same bits out: nothing
 that computes a value changes. The result is kept only when it gives exactly the quantized
 graph's output on probe inputs; a model of another layout runs as quantized.
 

@@ -25,9 +25,10 @@ where context is the context channel's BM25 score (0 when no word matches) and s
 the turn, smoothed over the allowed turns of each namespace by seq at query time. The indexer
 reports the context scores, the embedder the smoothed ones with the speaker bonus, each for its
 best `depth`; a turn missing from the embedder's list counts its last score (scores below it are
-not known, only bounded). One score, not three RRF channels: the lab measured 0.781 against
-0.760 for the same three signals fused by rank (LoCoMo development half, leave one conversation
-out; DECISIONS). The conversation channel then takes its place in the RRF like any other.
+not known, only bounded). One score, not three RRF channels: fusing the same three signals by
+rank loses their magnitudes (docs/DECISIONS.md, "Recall on conversations: one conversation
+channel, scored, not three fused by rank"). The conversation channel then takes its place in
+the RRF like any other.
 """
 
 from __future__ import annotations

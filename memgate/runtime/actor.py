@@ -31,13 +31,14 @@ class Actor(Protocol):
 
 
 # How much nicer a background thread is: under the 50-agent mix the embedding of new memories yields
-# the cores to the recalls waiting on them (recall p99, medians of 7 alternating pairs: bus 104
-# -> 72 ms, REST 437 -> 364 ms; docs/DECISIONS.md).
+# the cores to the recalls waiting on them (docs/DECISIONS.md, "New memories are embedded at a
+# lower priority").
 BACKGROUND_NICE = 10
 
 # How soon a busy event loop hands the GIL to a worker thread that wants it back (CPython's
 # default: 5 ms). A query's embedding takes the GIL back after each ONNX run and tokenizer
-# call, so beside a busy loop it waited several intervals (bench/gil_handoff.py, DECISIONS.md).
+# call, so beside a busy loop it waited several intervals (docs/DECISIONS.md, "GIL switch
+# interval 0.5 ms in every memgate process"; bench/gil_handoff.py).
 GIL_SWITCH_S = 0.0005
 
 

@@ -52,7 +52,7 @@ def _sync_directory(path: Path) -> None:
 
 def _open(path: Path) -> duckdb.DuckDBPyConnection:
     # One thread: an owner's queries are small, and DuckDB's parallelism only cost CPU on them
-    # (measured: insert + commit + two small selects 2.6 -> 1.9 ms CPU).
+    # (docs/DECISIONS.md, "CPU per command: fewer round trips").
     # Set, not passed as config: a connection the same process opens later joins this one.
     db = duckdb.connect(str(path))
     db.execute("SET threads TO 1")
