@@ -113,13 +113,13 @@ def up(
     from memgate.app.ram import RamDirectoryError
     from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
     from memgate.app.supervisor import ChildFailedError
-    from memgate.cluster.ownership import OwnedElsewhereError
+    from memgate.contracts.errors import UnavailableError  # OwnedElsewhereError, a cluster
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(Settings(**overrides)))
     except (ChildFailedError, StartRefusedError, RamDirectoryError,
-            OwnedElsewhereError) as failed:
+            UnavailableError) as failed:
         typer.echo(f"memgate: {failed}", err=True)
         raise typer.Exit(1) from None
 

@@ -30,7 +30,7 @@ from memgate.app.supervisor import Supervisor
 from memgate.app.logins import internal_logins
 from memgate.app.system import Bus, external_bus, start_actors, start_server, start_system
 from memgate.bus.streams import ensure_events_stream
-from memgate.cluster.ownership import Disk, owned, settle_homes
+from memgate.cluster.ownership import Disk, owned, settle_homes, until_jetstream_answers
 from memgate.observe import exposition
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
@@ -142,7 +142,8 @@ async def _elsewhere(settings: Settings, bus: Bus) -> list[str]:
         elsewhere = await settle_homes(js, Disk.of(settings.data_dir, settings.node), names,
                                        replicas=settings.stream_replicas())
         # the streams with all their copies before any consumer of them starts
-        await ensure_events_stream(js, replicas=settings.stream_replicas())
+        await until_jetstream_answers(
+            lambda: ensure_events_stream(js, replicas=settings.stream_replicas()))
     finally:
         await nc.close()
     if elsewhere:

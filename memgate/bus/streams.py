@@ -5,28 +5,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 from faststream.nats import JStream
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError, ServiceUnavailableError
+import nats.errors
+from nats.js.errors import (
+    BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError,
+)
 
 from memgate.bus import subjects
 from memgate.bus.replies import traceback_summary
 from memgate.contracts.events import DeadLetter, UnreadableEventError
+from memgate.contracts.errors import UnavailableError
 from memgate.observe import metrics
 
 if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
     from memgate.ports.bus import Publisher
 
 log = logging.getLogger("memgate.bus")
+T = TypeVar("T")
 
-CONSUMER_CREATE_ATTEMPTS = 20
-CONSUMER_CREATE_RETRY_S = 0.5
+JETSTREAM_WAIT_S = 90.0
+# a replicated stream asked for before the cluster's leader knows enough of its servers
+NO_PEERS_YET = 10005
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError,
+             NoStreamResponseError)
+
+
+async def until_jetstream_answers(step: Callable[[], Awaitable[T]], *,
+                                  timeout_s: float = JETSTREAM_WAIT_S) -> T:
+    """`step()`, again while JetStream cannot answer yet: a cluster has no leader until a
+    majority of its servers are up, a stream or bucket just made (or a server just restarted)
+    elects its own. Past `timeout_s`, `UnavailableError`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await step()
+        except (*TRANSIENT, BadRequestError) as exc:
+            if isinstance(exc, BadRequestError) and exc.err_code != NO_PEERS_YET:
+                raise
+            if time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"JetStream did not answer within {timeout_s:.0f} s: are a majority of "
+                    "the cluster's nodes up?") from None
+            await asyncio.sleep(0.5)
 
 EVENTS = JStream(
     subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_SUBJECTS], storage=StorageType.FILE,
@@ -183,18 +212,12 @@ class DurableConsumer:
         self._redelivered = metrics.CONSUMER_REDELIVERIES.labels(durable)
 
     async def start(self) -> None:
-        await ensure_events_stream(self._js)
+        await until_jetstream_answers(partial(ensure_events_stream, self._js))
         config = ConsumerConfig(
             name=self._durable, durable_name=self._durable, filter_subject=self._subject,
             ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=self._max_deliver)
-        for attempt in range(CONSUMER_CREATE_ATTEMPTS):  # creates, or updates an older one
-            try:
-                await self._js.add_consumer(EVENTS.name, config)
-                break
-            except ServiceUnavailableError:  # a cluster still placing the stream's copies
-                if attempt == CONSUMER_CREATE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(CONSUMER_CREATE_RETRY_S)
+        # creates, or updates an older one; a cluster may still be placing the stream's copies
+        await until_jetstream_answers(partial(self._js.add_consumer, EVENTS.name, config))
         subscription = await self._js.pull_subscribe(self._subject, durable=self._durable,
                                                      stream=EVENTS.name)
         self._task = asyncio.create_task(self._run(subscription), name=self._durable)

@@ -20,12 +20,10 @@ waiting out its expiry.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -36,13 +34,12 @@ from pathlib import Path
 import nats.errors
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoStreamResponseError,
-    ServiceUnavailableError,
+    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
 from memgate.bus.logins import kind_of
-from memgate.bus.streams import raise_replicas
+from memgate.bus.streams import raise_replicas, until_jetstream_answers
 from memgate.cluster import fence
 from memgate.cluster.lease import (
     BUCKET, MARGIN_S, RENEW_EVERY_S, TTL_S, Lease, PartitionLease, holder, lease_bucket,
@@ -57,7 +54,6 @@ NODE_FILE = "node.json"  # in the data directory: this disk's id, and the node i
 SINGLE_WRITERS = frozenset({"directory", "registry", "spaces", "sessions", "erasure", "keys",
                             "audit"})
 PARTITIONED = frozenset({"storage", "indexer", "embedder"})
-JETSTREAM_WAIT_S = 90.0
 CLAIM_ATTEMPTS = 5  # a lease that expires between a refused create and the read that follows
 
 
@@ -142,26 +138,6 @@ async def make_home(kv: KeyValue, name: str, disk: Disk) -> dict[str, str]:
             home = await home_of(kv, name)
     assert home is not None, f"the home of {name} was made, then deleted"
     return home
-
-
-TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError,
-             NoStreamResponseError)
-
-
-async def until_jetstream_answers(step: Callable[[], Awaitable[T]], *,
-                                  timeout_s: float = JETSTREAM_WAIT_S) -> T:
-    """`step()`, again while the cluster's JetStream cannot answer yet: it has no leader until
-    a majority of its servers are up, and a bucket just made elects its own."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await step()
-        except TRANSIENT:
-            if time.monotonic() > deadline:
-                raise OwnedElsewhereError(
-                    f"the cluster's JetStream did not answer within {timeout_s:.0f} s: are a "
-                    "majority of its nodes up?") from None
-            await asyncio.sleep(0.5)
 
 
 async def settle_homes(js: JetStreamContext, disk: Disk, names: Iterable[str], *,
@@ -286,4 +262,5 @@ class Ownership:
 
 
 __all__ = ["HOMES", "Disk", "Owned", "OwnedElsewhereError", "Ownership", "cluster_status",
-           "home_of", "homes_bucket", "make_home", "owned", "settle_homes"]
+           "home_of", "homes_bucket", "make_home", "owned", "settle_homes",
+           "until_jetstream_answers"]
