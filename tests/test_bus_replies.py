@@ -24,7 +24,7 @@ from memgate.contracts.errors import (
     MemgateError, NotFoundError, PayloadTooLargeError, UnavailableError,
 )
 from memgate.contracts.internal import Ready
-from memgate.runtime.actor import ready_route
+from memgate.runtime.actor import readiness
 
 SECRET = "the text of a memory"
 WAIT_S = 10.0
@@ -199,11 +199,12 @@ async def test_events_and_ready_routes_on_the_same_router_are_served(
 
     router = NatsRouter()
     router.subscriber("t.changed")(changed)
-    ready_route(router, "t.ready", "tester")
+    ready = readiness("tester")
+    router.subscriber(ready.subject)(replying(ready.handler))
     await serve(url, router, stack)
     nc = await client(url, stack)
 
-    answer = await nc.request("t.ready", b"{}", timeout=WAIT_S)
+    answer = await nc.request(ready.subject, b"{}", timeout=WAIT_S)
     await nc.publish("t.changed", b"{}")
 
     assert answer.data == b'{"v":1,"ok":true,"result":{"actor":"tester"}}'

@@ -19,40 +19,34 @@ from pathlib import Path
 
 from collections.abc import Callable
 
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus.subjects import Admin
+from memgate.bus import parse, subjects
 from memgate.contracts.backup import AuditAppend, AuditAppended, AuditVerified
 from memgate.contracts.reply import Envelope
 from memgate.contracts.events import MEMORY_EVENT, MemoriesDeleted, read_event
 from memgate.ports.bus import Consumers
-from memgate.runtime.actor import Serial, enveloped, ready_route
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial
 from memgate.storage.audit import AuditEntry, AuditLog
 from memgate.storage.audit import verify as verify_chain
-from memgate.storage.directory import hash_token
 
 DURABLE = "audit"
 SEEN_KEPT = 10_000  # event digests remembered against redelivery
 
 
-class AuditActor:
+class AuditActor(ActorBase):
     name = "audit"
+    log = Opened[AuditLog]()
 
     def __init__(self, *, root: Path, bus: Consumers, admin_token: Callable[[], str]) -> None:
         self._root = root
-        self._admin_token = admin_token
-        self._admin_hash = ""
+        self._operator = Operator(admin_token)
         self._serial = Serial("audit")
-        self._log: AuditLog | None = None
         self._seen: deque[str] = deque(maxlen=SEEN_KEPT)
         self._events = bus.consumer(subjects.memory_events("*"), DURABLE, self.on_events)
 
-    @property
-    def log(self) -> AuditLog:
-        assert self._log is not None, "start() first"
-        return self._log
-
     async def start(self) -> None:
-        self._admin_hash = hash_token(self._admin_token())
-        self._log = await self._serial(AuditLog, self._root)
+        self._operator.load()
+        self.log = await self._serial(AuditLog, self._root)
         self._seen.extend(await self._serial(self.log.sources, SEEN_KEPT))
         await self._events.start()
 
@@ -60,13 +54,9 @@ class AuditActor:
         await self._events.stop()
         self._serial.shutdown()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.AUDIT_APPEND)(replying(self.append))
-        router.subscriber(subjects.admin("audit.verify"))(
-            replying(enveloped(self.verify, operator=lambda: self._admin_hash)))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.AUDIT_APPEND, self.append),
+                Endpoint(Admin.AUDIT_VERIFY, self._operator.only(self.verify))]
 
     async def on_events(self, payloads: list[bytes]) -> None:
         entries = []

@@ -8,37 +8,29 @@ from collections.abc import Callable
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 
-from memgate.bus import NatsRouter, replying, subjects
+from memgate.bus.subjects import Admin
 from memgate.cluster.lease import BUCKET, holder
 from memgate.cluster.ownership import HOMES, home_of
 from memgate.contracts.cluster import ClusterStatus, StoreOwner
 from memgate.contracts.reply import Envelope
-from memgate.runtime.actor import enveloped, ready_route
-from memgate.storage.directory import hash_token
+from memgate.runtime.actor import ActorBase, Endpoint, Operator
 
 
-class ClusterActor:
+class ClusterActor(ActorBase):
     name = "cluster"
 
     def __init__(self, *, js: Callable[[], JetStreamContext], names: list[str],
                  admin_token: Callable[[], str]) -> None:
         self._js = js  # the connection opens after the actors are made
         self._names = names  # every single-writer actor of the deployment
-        self._admin_token = admin_token
-        self._admin_hash = ""
+        self._operator = Operator(admin_token)
 
     async def start(self) -> None:
-        self._admin_hash = hash_token(self._admin_token())
+        self._operator.load()
 
-    async def stop(self) -> None:
-        pass
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.admin("cluster.status"), queue=self.name)(
-            replying(enveloped(self.status, operator=lambda: self._admin_hash)))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(Admin.CLUSTER_STATUS, self._operator.only(self.status),
+                         queue=self.name)]
 
     async def status(self, envelope: Envelope) -> ClusterStatus:
         js = self._js()

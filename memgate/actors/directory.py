@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
-from memgate.actors.keys import dump_route
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.actors.keys import dumps
+from memgate.runtime.actor import (
+    ActorBase, Endpoint, Opened, Operator, Serial, enveloped,
+)
+from memgate.bus import parse, subjects
+from memgate.bus.subjects import Admin
 from memgate.ports.bus import Announcer, Requester
+from memgate.ports.registry import BusRegistry
+from memgate.ports.storage import BusStorage
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.bus.server import new_agent_seed
 from memgate.contracts import (
@@ -35,8 +39,6 @@ from memgate.contracts.directory import (
 )
 from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
 from memgate.contracts.internal import Reaped, Retentions
-from memgate.contracts.registry import Scope as ContextScope
-from memgate.contracts.registry import ScopeRequest
 from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
 from memgate.policy.authorisation import refuse_personal_data
 
@@ -68,8 +70,9 @@ class DirectoryBus(Requester, Announcer, Protocol):
     """What the directory needs of the bus: asking other actors, announcing its changes."""
 
 
-class DirectoryActor:
+class DirectoryActor(ActorBase):
     name = "directory"
+    store = Opened[DirectoryStore]()
 
     def __init__(self, *, path: Path, admin_token: Callable[[], str], bus: DirectoryBus,
                  partitions: int = 1, nats_authority: bool = False) -> None:
@@ -79,58 +82,52 @@ class DirectoryActor:
         self._nats_authority = nats_authority
         self._partitions = partitions
         self._bus = bus
-        self._admin_token = admin_token  # read at start: only the directory needs it
-        self._admin_hash = ""
+        self._storage = BusStorage(bus, partitions=partitions)
+        self._admin = Operator(admin_token)
         self._serial = Serial("directory")
-        self._store: DirectoryStore | None = None
+        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
         self._sweeps: set[asyncio.Task[None]] = set()  # reaper sweeps asked for, not awaited
 
     async def start(self) -> None:
-        self._admin_hash = hash_token(self._admin_token())
-        self._store = await self._serial(DirectoryStore, self._path)
+        self._admin.load()
+        self.store = await self._serial(DirectoryStore, self._path)
 
     async def stop(self) -> None:
         for task in self._sweeps:
             task.cancel()
-        if self._store is not None:
-            await self._serial(self._store.close)
+        if (store := DirectoryActor.store.take(self)) is not None:
+            await self._serial(store.close)
         self._serial.shutdown()
 
-    @property
-    def store(self) -> DirectoryStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.DIRECTORY_PRINCIPAL)(replying(self.principal))
-        router.subscriber(subjects.DIRECTORY_NATS_AGENTS)(replying(self.nats_agents))
-        router.subscriber(subjects.DIRECTORY_OWNER_CHECK)(replying(self.owner_check))
-        router.subscriber(subjects.DIRECTORY_MEMBER)(replying(self.member_principal))
-        router.subscriber(subjects.DIRECTORY_FORGET_MEMBER)(replying(self.forget_member))
-        router.subscriber(subjects.DIRECTORY_RETENTION)(replying(self.retention))
-        admin: dict[str, AdminHandler] = {
-            "workspaces.create": self.create_workspace,
-            "self.whoami": self.whoami,
-            "members.list": self.list_members,
-            "members.add": self.add_member,
-            "members.patch": self.patch_member,
-            "credentials.list": self.list_credentials,
-            "credentials.create": self.create_credential,
-            "credentials.revoke": self.revoke_credential,
-            "settings.get": self.get_settings,
-            "settings.put": self.put_settings,
-            "self.list": self.list_own_memories,
-            "self.delete": self.delete_own_memories,
-            "owner.purge": self.purge_workspace_memories,
-            "nats.create": self.create_nats_agent,
-            "nats.revoke": self.revoke_nats_agent,
+    def endpoints(self) -> list[Endpoint]:
+        internal = {
+            subjects.DIRECTORY_PRINCIPAL: self.principal,
+            subjects.DIRECTORY_NATS_AGENTS: self.nats_agents,
+            subjects.DIRECTORY_OWNER_CHECK: self.owner_check,
+            subjects.DIRECTORY_MEMBER: self.member_principal,
+            subjects.DIRECTORY_FORGET_MEMBER: self.forget_member,
+            subjects.DIRECTORY_RETENTION: self.retention,
         }
-        for operation, handler in admin.items():
-            router.subscriber(subjects.admin(operation))(replying(enveloped(handler)))
-        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        admin: dict[str, AdminHandler] = {
+            Admin.WORKSPACES_CREATE: self.create_workspace,
+            Admin.SELF_WHOAMI: self.whoami,
+            Admin.MEMBERS_LIST: self.list_members,
+            Admin.MEMBERS_ADD: self.add_member,
+            Admin.MEMBERS_PATCH: self.patch_member,
+            Admin.CREDENTIALS_LIST: self.list_credentials,
+            Admin.CREDENTIALS_CREATE: self.create_credential,
+            Admin.CREDENTIALS_REVOKE: self.revoke_credential,
+            Admin.SETTINGS_GET: self.get_settings,
+            Admin.SETTINGS_PUT: self.put_settings,
+            Admin.SELF_LIST: self.list_own_memories,
+            Admin.SELF_DELETE: self.delete_own_memories,
+            Admin.OWNER_PURGE: self.purge_workspace_memories,
+            Admin.NATS_CREATE: self.create_nats_agent,
+            Admin.NATS_REVOKE: self.revoke_nats_agent,
+        }
+        return [*(Endpoint(subject, handler) for subject, handler in internal.items()),
+                *(Endpoint(subject, enveloped(handler)) for subject, handler in admin.items()),
+                *self._dumps]
 
     # --- credentials → principals (governance asks, on every command) ---
 
@@ -215,7 +212,7 @@ class DirectoryActor:
     async def owner_check(self, payload: bytes) -> Done:
         """For the registry: the operator, or the owner of the workspace, may change it."""
         check = parse(OwnerCheck, payload)
-        if secrets.compare_digest(check.token_hash, self._admin_hash):
+        if self._admin.is_digest(check.token_hash):
             return Done()
 
         def as_owner() -> Done:
@@ -231,7 +228,7 @@ class DirectoryActor:
         return await self._serial(as_owner)
 
     def _operator(self, token: str | None) -> None:
-        if not token or not secrets.compare_digest(hash_token(token), self._admin_hash):
+        if not self._admin.is_token(token):
             raise UnauthenticatedError("the operator token is required")
 
     def _member(self, envelope: Envelope, *, owner: bool = False) -> MemberRow:
@@ -276,7 +273,7 @@ class DirectoryActor:
     async def whoami(self, envelope: Envelope) -> Me:
         """The console's first call: the operator, or the member a member token names."""
         token = envelope.token or ""
-        if token and secrets.compare_digest(hash_token(token), self._admin_hash):
+        if self._admin.is_token(token):
             return Me(kind="operator")
 
         def member() -> Me:
@@ -334,9 +331,8 @@ class DirectoryActor:
         await self._serial(self._member, envelope)  # authenticate before revealing a context set
         body = parse(CreateCredential, envelope.body)
         if body.context_set_id is not None:
-            scope = await self._bus.request(subjects.registry("scope"), ScopeRequest(
-                workspace_id=envelope.params.get("wsId", ""), context_set_id=body.context_set_id),
-                ContextScope)
+            scope = await BusRegistry(self._bus).scope(envelope.params.get("wsId", ""),
+                                                       body.context_set_id)
             if not scope.exists:
                 raise NotFoundError("no such context set", {"field": "contextSetId"})
         refuse_personal_data(name=body.name)
@@ -443,9 +439,6 @@ class DirectoryActor:
     # --- what a member sees and deletes of their own memories; the owner's blind purge (§2.3).
     # These work while agent memories are disabled: they are the member's, not the agent's.
 
-    def _storage(self, workspace_id: str, operation: str) -> str:
-        return subjects.store(partition_of(workspace_id, self._partitions), operation)
-
     async def list_own_memories(self, envelope: Envelope) -> ListResult:
         member = await self._serial(self._member, envelope)
         request = parse(ListRequest, envelope.body)
@@ -453,19 +446,16 @@ class DirectoryActor:
                            namespace=request.namespace, key=request.key,
                            collection_id=request.collection_id, as_of=request.as_of,
                            limit=request.limit, cursor=request.cursor)
-        return await self._bus.request(self._storage(member.workspace_id, "list"), query,
-                                       ListResult)
+        return await self._storage.list(query)
 
     async def delete_own_memories(self, envelope: Envelope) -> ForgetResult:
         member = await self._serial(self._member, envelope)
         request = parse(DeleteOwnMemories, envelope.body)
         purge = StorePurge(tenant=member.workspace_id, subject_id=member.member_id,
                            memory_ids=request.memory_ids)
-        return await self._bus.request(self._storage(member.workspace_id, "purge"), purge,
-                                       ForgetResult)
+        return await self._storage.purge(purge)
 
     async def purge_workspace_memories(self, envelope: Envelope) -> ForgetResult:
         owner = await self._serial(lambda: self._member(envelope, owner=True))
         purge = StorePurge(tenant=owner.workspace_id)
-        return await self._bus.request(self._storage(owner.workspace_id, "purge"), purge,
-                                       ForgetResult)
+        return await self._storage.purge(purge)

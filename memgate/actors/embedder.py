@@ -20,30 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, defaultdict
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.errors import UnavailableError
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, OwnedText, Owner, Ranking, RankRequest, Texts, TextsRequest,
+    CatalogRequest, OwnedText, Owner, Ranking, RankRequest,
 )
 from memgate.embedding.batching import Batcher
 from memgate.embedding.model import OnnxEmbedder
 from memgate.observe import metrics
 from memgate.policy import context
 from memgate.ports.bus import Bus
-from memgate.runtime.actor import Serial, ready_route
+from memgate.ports.storage import PartitionStorage
+from memgate.runtime.catalogs import Catalogs
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.runtime.compaction import Compactions
 from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
-CATALOGS_KEPT = 256  # owners whose catalogs (and vector matrices) stay in memory
 # One ONNX thread: documents are embedded in the background, where CPU counts more than latency,
 # and one thread costs less CPU per text (docs/experiments/embedding.md, "Figures quoted from
 # the code").
@@ -57,7 +57,11 @@ EVENT_BATCH = 128
 URGENT_MAX = 8
 
 
-class EmbedderActor:
+class EmbedderActor(ActorBase):
+    vectors = Opened[VectorStore]()
+    _embedder = Opened[OnnxEmbedder]()
+    _batcher = Opened[Batcher]()
+
     def __init__(self, *, partition: str, path: Path, model: Path, tokenizer: Path,
                  bus: Bus, batch: int = 32) -> None:
         self.partition = partition
@@ -66,18 +70,15 @@ class EmbedderActor:
         self._model = model
         self._tokenizer = tokenizer
         self._bus = bus
+        self._storage = PartitionStorage(bus, partition)
         self._batch = batch
         self._model_thread = Serial(f"{self.name}.model", background=True)
         # a waiting recall's few versions, ahead of the backlog (one ONNX session, two threads)
         self._urgent_thread = Serial(f"{self.name}.urgent")
         self._store_thread = Serial(f"{self.name}.store")
-        self._vectors: VectorStore | None = None
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
                                         f"{self.name}.vectors")
-        self._embedder: OnnxEmbedder | None = None
-        self._batcher: Batcher | None = None
-        self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
-        self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
         self._backlog = metrics.EMBEDDING_BACKLOG.labels(partition)
@@ -87,53 +88,38 @@ class EmbedderActor:
         self._embedder = await self._model_thread(partial(
             OnnxEmbedder, self._model, self._tokenizer, threads=MODEL_THREADS))
         await self._model_thread(self._embedder.embed, ["warm up"])  # first run allocates
-        self._vectors = await self._store_thread(VectorStore, self._path)
+        self.vectors = await self._store_thread(VectorStore, self._path)
         self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
         self._batcher.start()
         await self._events.start()
 
     async def stop(self) -> None:
         await self._events.stop()
-        if self._batcher is not None:
+        if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
-        if self._vectors is not None:
-            await self._store_thread(self._vectors.close)
+        if (vectors := EmbedderActor.vectors.take(self)) is not None:
+            await self._store_thread(vectors.close)
         self._model_thread.shutdown()
         self._urgent_thread.shutdown()
         self._store_thread.shutdown()
 
-    @property
-    def vectors(self) -> VectorStore:
-        assert self._vectors is not None, "start() first"
-        return self._vectors
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.embed(self.partition, "rank"),
-                          max_workers=64)(replying(self.rank))
-        router.subscriber(subjects.embed(self.partition, "drop"))(replying(self.drop))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.embed(self.partition, "rank"), self.rank, max_workers=64),
+                Endpoint(subjects.embed(self.partition, "drop"), self.drop)]
 
     async def catch_up(self, owner: Owner, min_seq: int,
                        texts: dict[str, str] | None = None) -> Catalog:
         """The owner's catalog, holding every version up to `min_seq` at least (with the
         vectors already made; the others wait for `embed_missing`). `texts`, when given,
         receives those of the versions new to a loaded catalog, for `embed_missing`."""
-        catalog = self._catalogs.get(owner)
-        if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
+        if (catalog := self._catalogs.current(owner, min_seq)) is not None:
             return catalog
-        async with self._locks[owner]:
-            if owner not in self._catalogs:
-                assert self._embedder is not None, "start() first"
-                self._catalogs[owner] = Catalog(dim=self._embedder.dim)
-            catalog = self._catalogs[owner]
-            if catalog.loaded and catalog.seq >= min_seq:
+        async with self._catalogs.lock(owner):
+            if (catalog := self._catalogs.current(owner, min_seq)) is not None:
                 return catalog
-            rows = await self._bus.request(
-                subjects.store(self.partition, "catalog"),
-                CatalogRequest(owner=owner, after_seq=catalog.seq,
-                               texts=texts is not None and catalog.loaded), CatalogRows)
+            catalog = self._catalogs.of(owner)
+            rows = await self._storage.catalog(CatalogRequest(
+                owner=owner, after_seq=catalog.seq, texts=texts is not None and catalog.loaded))
             catalog.apply(rows)
             if texts is not None and rows.texts is not None:
                 texts.update(zip(rows.memory_ids, rows.texts, strict=True))
@@ -142,15 +128,11 @@ class EmbedderActor:
                                                          owner.subject_id)
                 if matrix is not None:
                     catalog.set_vectors(found, matrix)
-                    embedded = await self._bus.request(
-                        subjects.store(self.partition, "texts"),
-                        TextsRequest(owner=owner, memory_ids=found), Texts)
+                    embedded = await self._storage.texts(owner, found)
                     catalog.set_speakers({item.memory_id: context.speaker(item.text)
-                                          for item in embedded.items})
+                                          for item in embedded})
             catalog.loaded = True
-            self._catalogs.move_to_end(owner)
-            while len(self._catalogs) > CATALOGS_KEPT:
-                self._catalogs.popitem(last=False)
+            self._catalogs.used(owner)
             return catalog
 
     async def embed_missing(self, catalogs: dict[Owner, Catalog],
@@ -173,9 +155,7 @@ class EmbedderActor:
             held = at_hand.get(owner, {})
             if all(i in held for i in missing):
                 return [OwnedText(memory_id=i, text=held[i]) for i in missing]
-            return (await self._bus.request(subjects.store(self.partition, "texts"),
-                                            TextsRequest(owner=owner, memory_ids=missing),
-                                            Texts)).items
+            return await self._storage.texts(owner, missing)
 
         replies = await asyncio.gather(*(texts(owner, missing)
                                          for owner, (_, missing) in wanted.items()))
@@ -184,7 +164,6 @@ class EmbedderActor:
                    if items]
         if not fetched:
             return
-        assert self._embedder is not None, "start() first"
         matrix = await thread(self._embedder.embed,
                               [item.text for _, _, items in fetched for item in items])
         kept, ids, owners, start = [], [], [], 0
@@ -261,7 +240,6 @@ class EmbedderActor:
         """The allowed versions that have vectors, by cosine similarity to the query (its
         vector when the caller sends one, else the query embedded here)."""
         request = parse(RankRequest, payload)
-        assert self._batcher is not None
         catalog = await self.catch_up(request.filters.owner, request.min_seq)
         await self._embedded(request.filters.owner, catalog)
         if request.vector is not None:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Contract, Done, Envelope
+from memgate.bus.subjects import Admin
+from memgate.bus import parse, subjects
+from memgate.contracts import Contract, Envelope
 from memgate.contracts.backup import AuditAppend, AuditAppended
-from memgate.contracts.directory import MemberPrincipal, MemberRequest
+from memgate.contracts.directory import MemberRequest
 from memgate.contracts.erasure import (
     LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureRequests, ErasureView, Evidence,
     Status,
@@ -32,9 +33,11 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.internal import Owner
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
+from memgate.ports.spaces import BusSpaces
+from memgate.ports.directory import BusDirectory
+from memgate.ports.storage import PartitionStorage
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial, partition_of
 from memgate.policy.masking import mask
-from memgate.storage.directory import hash_token
 from memgate.storage.erasure import ErasureStore, RequestRow
 
 log = logging.getLogger("memgate.erasure")
@@ -72,51 +75,44 @@ def _layers() -> dict[str, Layer]:
     )}
 
 
-class ErasureActor:
+class ErasureActor(ActorBase):
     name = "erasure"
+    store = Opened[ErasureStore]()
 
     def __init__(self, *, path: Path, bus: Requester, admin_token: Callable[[], str],
                  partitions: int = 1, now: Clock = lambda: datetime.now(UTC)) -> None:
         self._path = path
         self._bus = bus
-        self._admin_token = admin_token
-        self._admin_hash = ""
+        self._directory = BusDirectory(bus)
+        self._spaces = BusSpaces(bus)
+        self._operator = Operator(admin_token)
         self._partitions = partitions
         self._now = now
         self._layers = _layers()
         assert tuple(self._layers) == LAYERS
         self._serial = Serial("erasure")
-        self._store: ErasureStore | None = None
         self._running: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._admin_hash = hash_token(self._admin_token())
-        self._store = await self._serial(ErasureStore, self._path)
+        self._operator.load()
+        self.store = await self._serial(ErasureStore, self._path)
 
     async def stop(self) -> None:
         for task in list(self._running):
             await asyncio.wait({task}, timeout=30)
-        if self._store is not None:
-            await self._serial(self._store.close)
+        if (store := ErasureActor.store.take(self)) is not None:
+            await self._serial(store.close)
         self._serial.shutdown()
 
-    @property
-    def store(self) -> ErasureStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        handlers: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
-            "create": self.create, "verify": self.verify, "discover": self.discover,
-            "decide": self.decide, "execute": self.execute, "get": self.get,
-            "metrics": self.metrics, "list": self.list_requests,
+    def endpoints(self) -> list[Endpoint]:
+        stages: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
+            Admin.ERASURE_CREATE: self.create, Admin.ERASURE_VERIFY: self.verify,
+            Admin.ERASURE_DISCOVER: self.discover, Admin.ERASURE_DECIDE: self.decide,
+            Admin.ERASURE_EXECUTE: self.execute, Admin.ERASURE_GET: self.get,
+            Admin.ERASURE_METRICS: self.metrics, Admin.ERASURE_LIST: self.list_requests,
         }
-        for operation, handler in handlers.items():
-            router.subscriber(subjects.admin(f"erasure.{operation}"))(
-                replying(enveloped(handler, operator=lambda: self._admin_hash)))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        return [Endpoint(subject, self._operator.only(handler))
+                for subject, handler in stages.items()]
 
     # --- stages ---
 
@@ -142,8 +138,8 @@ class ErasureActor:
         row = await self._request(envelope, Status.RECEIVED)
         body = parse(VerifyIdentity, envelope.body)
         if row.member_id is not None:  # a member must exist in the request's workspace
-            await self._bus.request(subjects.DIRECTORY_MEMBER, MemberRequest(
-                workspace_id=row.workspace_id, member_id=row.member_id), MemberPrincipal)
+            await self._directory.member(MemberRequest(workspace_id=row.workspace_id,
+                                                       member_id=row.member_id))
         row.status, row.verified_at = Status.VERIFIED.value, self._now()
         row.verification_method, row.verified_by = body.method, body.verified_by
         await self._serial(self.store.save, row)
@@ -203,8 +199,7 @@ class ErasureActor:
         if row.external_id is None:
             return target
         counting = target.model_copy(update={"erase": False})
-        found = await self._bus.request(subjects.spaces_internal("subject"), counting,
-                                        SubjectTarget)
+        found = await self._spaces.subject(counting)
         logs = await self._bus.request(subjects.sessions_internal("subject"), counting,
                                        SubjectCount)
         return target.model_copy(update={"owners": found.owners,
@@ -235,10 +230,9 @@ class ErasureActor:
             if done is not None:
                 await done(layer.name, *counts[layer.name])
         if erase and row.external_id is not None:  # last: the identity mapping
-            await self._bus.request(subjects.spaces_internal("subject"), target, SubjectTarget)
+            await self._spaces.subject(target)
         if erase and row.member_id is not None:
-            await self._bus.request(subjects.DIRECTORY_FORGET_MEMBER, MemberRequest(
-                workspace_id=row.workspace_id, member_id=row.member_id), Done)
+            await self._directory.forget_member(row.workspace_id, row.member_id)
         return counts
 
     async def _vectors(self, target: SubjectTarget, partition: str,
@@ -247,9 +241,8 @@ class ErasureActor:
         the erased versions now (idempotent with the events that drop them too), so nothing of
         the subject is left in an index or a catalog in memory when the erasure completes."""
         if memories is None:  # the memory store is on hold: count only
-            memories = await self._bus.request(subjects.store(partition, "subject"),
-                                               target.model_copy(update={"erase": False}),
-                                               SubjectCount)
+            memories = await PartitionStorage(self._bus, partition).subject(
+                target.model_copy(update={"erase": False}))
         if not target.erase:
             return memories.count, memories.record_ids
         for owner, ids in memories.by_owner.items():  # gone from both once they answer

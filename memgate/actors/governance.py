@@ -7,12 +7,12 @@ pass the command to the internal actor that does the work. The unmasked text goe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus import parse, subjects
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.contracts import (
-    Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
+    Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
     RecallRequest, RecallResult, RememberRequest, RememberResult, Scope,
 )
 from memgate.contracts.errors import (
@@ -28,7 +28,7 @@ from memgate.ports.bus import Requester
 from memgate.ports.directory import BusDirectory, Directory, PrincipalCache
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
-from memgate.runtime.actor import ready_route
+from memgate.runtime.actor import ActorBase, Endpoint, Listener
 from memgate.storage.directory import hash_token
 
 QUEUE = "governance"
@@ -39,7 +39,7 @@ CONCURRENCY = 256
 __all__ = ["GovernanceActor", "authorise", "refuse_personal_data"]
 
 
-class GovernanceActor:
+class GovernanceActor(ActorBase):
     name = "governance"
 
     def __init__(self, *, directory: Directory, registry: Registry, storage: Storage,
@@ -59,27 +59,16 @@ class GovernanceActor:
         return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
                    storage=BusStorage(bus, partitions=partitions), recall=bus, serves=serves)
 
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def commands(self) -> dict[str, Callable[[bytes], Awaitable[Contract]]]:
-        """The public commands it takes, by subject: from the bus, and from the REST and MCP
+    def endpoints(self) -> list[Endpoint]:
+        """The public commands it takes (`serves`): from the bus, and from the REST and MCP
         adapters of its process (which send the others over the bus)."""
         handlers = {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
                     subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
-        return {subject: handlers[subject] for subject in self._serves}
+        return [Endpoint(subject, handlers[subject], queue=QUEUE, max_workers=CONCURRENCY)
+                for subject in self._serves]
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        for subject, handler in self.commands().items():
-            router.subscriber(subject, queue=QUEUE, max_workers=CONCURRENCY)(replying(handler))
-        # every governance process hears it (no queue group)
-        router.subscriber(subjects.PRINCIPALS_CHANGED)(self.directory_changed)
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def listeners(self) -> dict[str, Listener]:
+        return {subjects.PRINCIPALS_CHANGED: self.directory_changed}  # heard by every process
 
     async def directory_changed(self, payload: bytes) -> None:
         self._directory.changed()

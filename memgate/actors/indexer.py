@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
@@ -38,15 +37,17 @@ from typing import TypeVar
 
 import numpy as np
 
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, Owner, Ranking, RankRequest, Texts, TextsRequest,
+    CatalogRequest, Owner, Ranking, RankRequest,
 )
 from memgate.policy import context
 from memgate.ports.bus import Bus
-from memgate.runtime.actor import Serial, ready_route
+from memgate.ports.storage import PartitionStorage
+from memgate.runtime.catalogs import Catalogs
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.storage.catalog import Catalog
 from memgate.storage.text_index import COMMIT_EVERY_S, OwnerIndex, TextIndexes
 
@@ -56,7 +57,6 @@ R = TypeVar("R")
 # namespaces) are skipped after searching the whole index; more, and the search is restricted
 # to the allowed ids instead (a term-set filter costs ~1.5 ms per 1,000 ids).
 SKIP_AT_MOST = 200
-CATALOGS_KEPT = 256  # owners whose catalogs stay in memory (as the open indexes)
 # Events handled at most per batch: when the consumer lags, each batch costs two round trips to
 # storage per owner, so bigger batches catch up faster.
 EVENT_BATCH = 256
@@ -68,29 +68,25 @@ THREADS = 4
 log = logging.getLogger("memgate.indexer")
 
 
-class IndexerActor:
+class IndexerActor(ActorBase):
+    indexes = Opened[TextIndexes]()
+
     def __init__(self, *, partition: str, root: Path, bus: Bus) -> None:
         self.partition = partition
         self.name = f"indexer.{partition}"
         self._root = root
         self._bus = bus
+        self._storage = PartitionStorage(bus, partition)
         self._threads = [Serial(f"{self.name}.{i}") for i in range(THREADS)]
         self._commits = Serial(f"{self.name}.commit")
-        self._indexes: TextIndexes | None = None
-        self._catalogs: OrderedDict[Owner, Catalog] = OrderedDict()  # least recent first
-        self._locks: defaultdict[Owner, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._catalogs = Catalogs(Catalog)
         self._added = asyncio.Event()  # documents were added: commits may be due
         self._committer: asyncio.Task[None] | None = None
         self._events = bus.consumer(subjects.memory_events(partition), f"indexer-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
 
-    @property
-    def indexes(self) -> TextIndexes:
-        assert self._indexes is not None, "start() first"
-        return self._indexes
-
     async def start(self) -> None:
-        self._indexes = TextIndexes(self._root)
+        self.indexes = TextIndexes(self._root)
         self._committer = asyncio.create_task(self._commit(), name=f"{self.name}.commit")
         await self._events.start()
 
@@ -101,8 +97,8 @@ class IndexerActor:
             await asyncio.gather(self._committer, return_exceptions=True)
         for thread in self._threads:
             thread.shutdown()
-        if self._indexes is not None:
-            await self._commits(self._indexes.close)
+        if (indexes := IndexerActor.indexes.take(self)) is not None:
+            await self._commits(indexes.close)
         self._commits.shutdown()
 
     async def _commit(self) -> None:
@@ -119,18 +115,12 @@ class IndexerActor:
                 await asyncio.sleep(wait)
                 self._added.set()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.index(self.partition, "rank"),
-                          max_workers=64)(replying(self.rank))
-        router.subscriber(subjects.index(self.partition, "drop"))(replying(self.drop))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.index(self.partition, "rank"), self.rank, max_workers=64),
+                Endpoint(subjects.index(self.partition, "drop"), self.drop)]
 
     async def _texts(self, owner: Owner, ids: list[str] | None) -> dict[str, str]:
-        texts = await self._bus.request(subjects.store(self.partition, "texts"),
-                                        TextsRequest(owner=owner, memory_ids=ids), Texts)
-        return {item.memory_id: item.text for item in texts.items}
+        return {item.memory_id: item.text for item in await self._storage.texts(owner, ids)}
 
     async def _use(self, owner: Owner, work: Callable[[OwnerIndex], R]) -> R:
         """`work(index)` on the owner's thread, holding the owner's index as open now (an
@@ -167,20 +157,18 @@ class IndexerActor:
     async def catch_up(self, owner: Owner, min_seq: int) -> Catalog:
         """The owner's catalog, holding every version up to `min_seq` at least, each one
         indexed (those storage still has)."""
-        catalog = self._catalogs.get(owner)
-        if catalog is not None and catalog.loaded and catalog.seq >= min_seq:
+        if (catalog := self._catalogs.current(owner, min_seq)) is not None:
             return catalog
-        async with self._locks[owner]:
+        async with self._catalogs.lock(owner):
             return await self._catch_up(owner, min_seq)
 
     async def _catch_up(self, owner: Owner, min_seq: int) -> Catalog:
         """`catch_up` under the owner's lock."""
-        catalog = self._catalogs.setdefault(owner, Catalog())
-        if catalog.loaded and catalog.seq >= min_seq:
+        if (catalog := self._catalogs.current(owner, min_seq)) is not None:
             return catalog
-        rows = await self._bus.request(  # a loaded catalog lacks a few: their texts at once
-            subjects.store(self.partition, "catalog"),
-            CatalogRequest(owner=owner, after_seq=catalog.seq, texts=catalog.loaded), CatalogRows)
+        catalog = self._catalogs.of(owner)
+        rows = await self._storage.catalog(  # a loaded catalog lacks a few: their texts at once
+            CatalogRequest(owner=owner, after_seq=catalog.seq, texts=catalog.loaded))
         # the catalog takes the rows (the turns' neighbours are found in it) but says it is
         # caught up only once their texts are indexed: a rank that finds the catalog caught up
         # (outside the lock) must find their words too
@@ -199,15 +187,13 @@ class IndexerActor:
             self._added.set()
         catalog.seq = max(catalog.seq, rows.high_seq)
         catalog.loaded = True
-        self._catalogs.move_to_end(owner)
-        while len(self._catalogs) > CATALOGS_KEPT:
-            self._catalogs.popitem(last=False)
+        self._catalogs.used(owner)
         return catalog
 
     async def remove(self, owner: Owner, deleted: list[str]) -> None:
         """Forget deleted versions; if the index held any, rebuild it without them (every
         context document computed again from the remaining versions)."""
-        async with self._locks[owner]:
+        async with self._catalogs.lock(owner):
             catalog = self._catalogs.get(owner)
             if catalog is not None:
                 catalog.remove(deleted)

@@ -19,15 +19,16 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Contract, Envelope
+from memgate.bus.subjects import Admin
+from memgate.bus import parse, subjects
+from memgate.contracts import Envelope
 from memgate.contracts.base import canonical_id
 from memgate.contracts.backup import (
     AuditAppend, AuditAppended, BackupBegin, BackupEnd, BackupLines, BackupManifest, BackupPage,
@@ -39,9 +40,8 @@ from memgate.contracts.errors import (
     MemgateError, NotFoundError, UnavailableError,
 )
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, enveloped, ready_route
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial
 from memgate.storage import backup
-from memgate.storage.directory import hash_token
 from memgate.storage.keys import KeyStore
 
 log = logging.getLogger("memgate.keys")
@@ -49,11 +49,12 @@ log = logging.getLogger("memgate.keys")
 SESSION_IDLE_S = backup.SNAPSHOT_IDLE_S
 
 
-def dump_route(router: NatsRouter, owner: str, serial: Serial,
-               db: Callable[[], duckdb.DuckDBPyConnection]) -> None:
-    """Let the keys actor read this owner's DuckDB file for a backup, in one snapshot: add to
-    the owner's router (the owner's `serial` thread and current connection `db`); the tables
-    are those `storage.backup` registers for the owner."""
+def dumps(owner: str, serial: Serial,
+          db: Callable[[], duckdb.DuckDBPyConnection]) -> list[Endpoint]:
+    """The endpoints by which the keys actor reads this owner's DuckDB file for a backup, in
+    one snapshot, on the owner's `serial` thread and current connection `db`; the tables are
+    those `storage.backup` registers for the owner. Made once per owner: they share its
+    snapshots."""
     source = backup.source(owner)
     snapshots = backup.Snapshots()
     tables: dict[str, dict[str, backup.TableInfo]] = {}
@@ -82,8 +83,8 @@ def dump_route(router: NatsRouter, owner: str, serial: Serial,
         await serial(snapshots.end, request.snapshot)
         return Done()
 
-    for operation, handler in (("begin", begin), ("page", page), ("end", end)):
-        router.subscriber(subjects.dump(owner, operation))(replying(handler))
+    return [Endpoint(subjects.dump(owner, operation), handler)
+            for operation, handler in (("begin", begin), ("page", page), ("end", end))]
 
 
 @dataclass
@@ -96,44 +97,34 @@ class _Session:
     used: float = field(default_factory=time.monotonic)
 
 
-class KeysActor:
+class KeysActor(ActorBase):
     name = "keys"
+    keys = Opened[KeyStore]()
 
     def __init__(self, *, root: Path, bus: Requester, admin_token: Callable[[], str],
                  partitions: list[str]) -> None:
         self._root = root
         self._bus = bus
-        self._admin_token = admin_token
-        self._admin_hash = ""
+        self._operator = Operator(admin_token)
         self._partitions = partitions
         self._serial = Serial("keys")
-        self._keys: KeyStore | None = None
         self._sessions: dict[str, _Session] = {}
 
     async def start(self) -> None:
-        self._admin_hash = hash_token(self._admin_token())
-        self._keys = await self._serial(KeyStore, self._root)
+        self._operator.load()
+        self.keys = await self._serial(KeyStore, self._root)
 
     async def stop(self) -> None:
         for backup_id in list(self._sessions):
             await self._close(backup_id)
         self._serial.shutdown()
 
-    @property
-    def keys(self) -> KeyStore:
-        assert self._keys is not None, "start() first"
-        return self._keys
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.keys_internal("subject"))(replying(self.subject))
-        handlers: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
-            "begin": self.begin, "page": self.page, "end": self.end}
-        for operation, handler in handlers.items():
-            router.subscriber(subjects.admin(f"backup.{operation}"))(
-                replying(enveloped(handler, operator=lambda: self._admin_hash)))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        admin = {Admin.BACKUP_BEGIN: self.begin, Admin.BACKUP_PAGE: self.page,
+                 Admin.BACKUP_END: self.end}
+        return [Endpoint(subjects.keys_internal("subject"), self.subject),
+                *(Endpoint(subject, self._operator.only(handler))
+                  for subject, handler in admin.items())]
 
     # --- erasure's layers: eval exports and backups ---
 
@@ -242,4 +233,4 @@ class KeysActor:
                 self._sessions.pop(backup_id)
 
 
-__all__ = ["KeysActor", "dump_route"]
+__all__ = ["KeysActor", "dumps"]

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from memgate.runtime.actor import ready_route
-from memgate.bus import BusClient, EmbeddedNats, NatsRouter, parse, replying, subjects
+from memgate.runtime.actor import ActorBase, Endpoint
+from memgate.bus import BusClient, EmbeddedNats, parse, subjects
 from memgate.bus.server import AgentKey, Login, server_config
 from memgate.contracts import Done, NatsAgents
 from memgate.contracts.errors import UnavailableError
+from memgate.ports.directory import BusDirectory
 
 
 # At start the directory may not listen yet: ask again for up to 100 × 50 ms = 5 s.
@@ -21,7 +22,7 @@ SYNC_ATTEMPTS = 100
 SYNC_RETRY_S = 0.05
 
 
-class NatsAuthorityActor:
+class NatsAuthorityActor(ActorBase):
     name = "nats-authority"
 
     def __init__(self, *, server: EmbeddedNats, bus: BusClient, logins: Sequence[Login]) -> None:
@@ -29,17 +30,8 @@ class NatsAuthorityActor:
         self._bus = bus
         self._logins = tuple(logins)  # the internal users, kept in every configuration
 
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.NATS_RELOAD)(replying(self.reload))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.NATS_RELOAD, self.reload)]
 
     async def apply(self, agents: NatsAgents) -> None:
         keys = [AgentKey(a.public_key, a.inbox_prefix) for a in agents.agents]
@@ -53,10 +45,10 @@ class NatsAuthorityActor:
         """At start: load the agents the directory already knows (waiting for it to listen)."""
         for _ in range(attempts - 1):
             try:
-                agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
+                agents = await BusDirectory(self._bus).nats_agents()
                 break
             except UnavailableError:
                 await asyncio.sleep(SYNC_RETRY_S)
         else:
-            agents = await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
+            agents = await BusDirectory(self._bus).nats_agents()
         await self.apply(agents)

@@ -24,10 +24,12 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from memgate.bus import NatsRouter, replying, subjects
-from memgate.contracts.internal import Reaped, RetentionRequest, Retentions, StoreReap
+from memgate.bus import subjects
+from memgate.contracts.internal import Reaped, StoreReap
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import partition_of, ready_route
+from memgate.ports.directory import BusDirectory
+from memgate.ports.storage import PartitionStorage
+from memgate.runtime.actor import ActorBase, Endpoint, partition_of
 
 log = logging.getLogger("memgate.reaper")
 
@@ -42,7 +44,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class ReaperActor:
+class ReaperActor(ActorBase):
     name = "reaper"
 
     def __init__(self, *, bus: Requester, partitions: int, interval_s: float,
@@ -65,11 +67,8 @@ class ReaperActor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.REAPER_SWEEP)(replying(self.on_sweep))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.REAPER_SWEEP, self.on_sweep)]
 
     async def on_sweep(self, payload: bytes) -> Reaped:
         return Reaped(deleted=await self.sweep())
@@ -77,15 +76,14 @@ class ReaperActor:
     async def sweep(self) -> int:
         """Reap every partition at `now()`: how many versions were deleted."""
         now = self._now()
-        retention = (await self._bus.request(subjects.DIRECTORY_RETENTION, RetentionRequest(),
-                                             Retentions)).retention_days
+        retention = await BusDirectory(self._bus).retention()
         by_partition: dict[str, dict[str, int]] = {p: {} for p in self._partitions}
         for workspace_id, days in retention.items():
             by_partition[partition_of(workspace_id, self._count)][workspace_id] = days
         reaped = await asyncio.gather(*(
-            self._bus.request(subjects.store(partition, "reap"),
-                              StoreReap(now=now, retention_days=by_partition[partition]), Reaped,
-                              timeout=REAP_TIMEOUT_S)
+            PartitionStorage(self._bus, partition).reap(
+                StoreReap(now=now, retention_days=by_partition[partition]),
+                timeout=REAP_TIMEOUT_S)
             for partition in self._partitions))
         deleted = sum(r.deleted for r in reaped)
         if deleted:

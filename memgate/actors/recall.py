@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.bus import parse, subjects
 from memgate.contracts import Memory, Ranks, RecalledMemory, RecallResult
 from memgate.contracts.errors import MemgateError
 from memgate.contracts.internal import (
@@ -54,7 +54,7 @@ from memgate.ports.embedder import LoadEmbedder
 from memgate.ports.ranking import BusRankers, Rankers
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
-from memgate.runtime.actor import Serial, ready_route
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 
 QUEUE = "recall"
 # One ONNX thread: a query's int8 run is no faster on two, and the second core is left to the
@@ -74,8 +74,9 @@ async def within(work: Awaitable[Ranking], seconds: float) -> Ranking | None:
         return None
 
 
-class RecallActor:
+class RecallActor(ActorBase):
     name = "recall"
+    _batcher = Opened[Batcher]()
 
     def __init__(self, *, storage: Storage, registry: Registry, rankers: Rankers,
                  embedder: LoadEmbedder, window: int | None, rrf_k: int,
@@ -100,7 +101,6 @@ class RecallActor:
         self._bm25_deadline = bm25_deadline_ms / 1000
         self._batch = batch
         self._thread = Serial("recall.model")
-        self._batcher: Batcher | None = None
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int, model: Path, tokenizer: Path,
@@ -124,16 +124,12 @@ class RecallActor:
         self._batcher.start()
 
     async def stop(self) -> None:
-        if self._batcher is not None:
+        if RecallActor._batcher.opened(self):
             await self._batcher.stop()
         self._thread.shutdown()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        router.subscriber(subjects.recall_internal(), queue=QUEUE,
-                          max_workers=64)(replying(self.recall))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subjects.recall_internal(), self.recall, queue=QUEUE, max_workers=64)]
 
     async def _cosine(self, request: RankRequest, vector: asyncio.Future[np.ndarray]) -> Ranking:
         return await self._rankers.cosine(
@@ -145,7 +141,6 @@ class RecallActor:
         query = parse(RecallQuery, payload)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        assert self._batcher is not None, "start() first"
         vector = asyncio.ensure_future(self._batcher.embed(query.query))
         filters = RecallFilters(owner=query.owner, namespace=query.namespace,
                                 collection_id=query.collection_id,

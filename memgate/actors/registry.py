@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memgate.actors.keys import dump_route
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.actors.keys import dumps
+from memgate.bus.subjects import Admin
+from memgate.bus import parse, subjects
 from memgate.bus.streams import OutboxRelay
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.errors import ContextSetScopeRefusedError, NotFoundError
@@ -31,65 +32,59 @@ from memgate.contracts.registry import (
 from memgate.policy.entities import names_in
 from memgate.policy.authorisation import refuse_personal_data
 from memgate.ports.bus import Publisher, Requester
-from memgate.runtime.actor import Serial, ready_route
+from memgate.ports.directory import BusDirectory
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.storage.directory import hash_token
 from memgate.storage.registry import ContextSet, Document, RegistryStore, Workspace
 
 AdminHandler = Callable[[Envelope], Awaitable[Contract]]
 
 
-class RegistryActor:
+class RegistryActor(ActorBase):
     name = "registry"
+    store = Opened[RegistryStore]()
 
     def __init__(self, *, path: Path, bus: Requester, publisher: Publisher) -> None:
         self._path = path
         self._bus = bus
         self._serial = Serial(self.name)
-        self._store: RegistryStore | None = None
+        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
         self._relay = OutboxRelay(publisher, prefix=self.name,
                                   pending=lambda: self._serial(self.store.pending_events),
                                   sent=lambda seq: self._serial(self.store.events_sent, seq))
 
-    @property
-    def store(self) -> RegistryStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
     async def start(self) -> None:
-        self._store = await self._serial(RegistryStore, self._path)
+        self.store = await self._serial(RegistryStore, self._path)
         await self._relay.start()  # publishes what a previous run committed but did not
 
     async def stop(self) -> None:
         await self._relay.stop()
-        if self._store is not None:
-            await self._serial(self._store.close)
+        if (store := RegistryActor.store.take(self)) is not None:
+            await self._serial(store.close)
         self._serial.shutdown()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
+    def endpoints(self) -> list[Endpoint]:
         admin: dict[str, AdminHandler] = {
-            "collections.create": self.create_collection,
-            "collections.delete": self.delete_collection,
-            "documents.put": self.put_document,
-            "documents.delete": self.delete_document,
-            "context_sets.save": self.save_context_set,
+            Admin.REGISTRY_COLLECTIONS_CREATE: self.create_collection,
+            Admin.REGISTRY_COLLECTIONS_DELETE: self.delete_collection,
+            Admin.REGISTRY_DOCUMENTS_PUT: self.put_document,
+            Admin.REGISTRY_DOCUMENTS_DELETE: self.delete_document,
+            Admin.REGISTRY_CONTEXT_SETS_SAVE: self.save_context_set,
         }
-        for operation, handler in admin.items():
-            router.subscriber(subjects.admin(f"registry.{operation}"))(
-                replying(self._authorised(handler)))
-        for operation, internal in {"check_remember": self.check_remember, "scope": self.scope,
-                                    "verify": self.verify}.items():
-            router.subscriber(subjects.registry(operation))(replying(internal))
-        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        internal = {"check_remember": self.check_remember, "scope": self.scope,
+                    "verify": self.verify}
+        return [*(Endpoint(subject, self._authorised(handler))
+                  for subject, handler in admin.items()),
+                *(Endpoint(subjects.registry(operation), handler)
+                  for operation, handler in internal.items()),
+                *self._dumps]
 
     def _authorised(self, handler: AdminHandler) -> Callable[[bytes], Awaitable[Contract]]:
         async def handle(payload: bytes) -> Contract:
             envelope = parse(Envelope, payload)
             check = OwnerCheck(token_hash=hash_token(envelope.token or ""),
                                workspace_id=envelope.params.get("wsId", ""))
-            await self._bus.request(subjects.DIRECTORY_OWNER_CHECK, check, Done)
+            await BusDirectory(self._bus).owner_check(check)
             return await handler(envelope)
 
         handle.__name__ = handler.__name__

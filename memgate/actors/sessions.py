@@ -32,29 +32,28 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memgate.actors.keys import dump_route
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.actors.keys import dumps
+from memgate.bus import parse, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.base import canonical_id
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.errors import (
-    ForbiddenError, NotFoundError, PreconditionFailedError, UnauthenticatedError,
-    UnprocessableError, ValidationFailedError,
+    NotFoundError, PreconditionFailedError, UnprocessableError, ValidationFailedError,
 )
 from memgate.contracts.sessions import (
     MAX_BATCH, OBJECT_ID, CreateSession, EditEvent, Emitter, EventBatch, EventIn, EventList,
     EventsQuery, EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun, NoBody,
     PatchSession, SessionView, SpaceDeleted, Strategy, Trigger,
 )
-from memgate.contracts.spaces import AccessRequest, Permission, SpaceAccess
+from memgate.contracts.spaces import Permission, SpaceAccess
 from memgate.policy import lifecycle
 from memgate.policy.authorisation import refuse_personal_data
 from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, enveloped, ready_route
+from memgate.ports.spaces import BusSpaces
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
-from memgate.storage.directory import hash_token
 from memgate.storage.quotas import EVENTS, SESSIONS, Quota
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
 
@@ -130,8 +129,9 @@ class _Retry:
     next_at: datetime
 
 
-class SessionsActor:
+class SessionsActor(ActorBase):
     name = "sessions"
+    store = Opened[SessionStore]()
 
     def __init__(self, *, path: Path, bus: Requester, rules: lifecycle.Rules = DEFAULT_RULES,
                  now: Clock = system_clock, interval_s: float | None = 60.0,
@@ -143,6 +143,7 @@ class SessionsActor:
         self._path = path
         self._quotas = quotas
         self._bus = bus
+        self._spaces = BusSpaces(bus)
         self._rules = rules
         self._now = now
         self._interval_s = interval_s
@@ -150,20 +151,15 @@ class SessionsActor:
         self._extract_timeout_s = extract_timeout_s
         self._purge_after = timedelta(seconds=purge_after_s)
         self._serial = Serial(self.name)
-        self._store: SessionStore | None = None
+        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._running = asyncio.Lock()
         self._ticker: asyncio.Task[None] | None = None
 
-    @property
-    def store(self) -> SessionStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
     async def start(self) -> None:
         sessions, events = self._quotas
-        self._store = await self._serial(partial(SessionStore, self._path, sessions=sessions,
+        self.store = await self._serial(partial(SessionStore, self._path, sessions=sessions,
                                                  events=events))
         if self._interval_s is not None:
             self._ticker = asyncio.create_task(self._tick(self._interval_s))
@@ -173,27 +169,21 @@ class SessionsActor:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
         async with self._running:  # a run in progress finishes first
-            if self._store is not None:
-                await self._serial(self._store.close)
-                self._store = None
+            if (store := SessionsActor.store.take(self)) is not None:
+                await self._serial(store.close)
         self._serial.shutdown()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        handlers: dict[str, Handler] = {
+    def endpoints(self) -> list[Endpoint]:
+        public: dict[str, Handler] = {
             "create": self.create, "get": self.get, "patch": self.patch, "delete": self.delete,
             "events.append": self.append, "events.list": self.events,
             "events.edit": self.edit,
         }
-        for operation, handler in handlers.items():
-            router.subscriber(subjects.space(f"sessions.{operation}"))(
-                replying(enveloped(handler)))
-        router.subscriber(subjects.sessions_internal("subject"))(replying(self.subject))
-        router.subscriber(subjects.sessions_internal("space_deleted"))(
-            replying(self.space_deleted))
-        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        return [*(Endpoint(subjects.space(f"sessions.{operation}"), enveloped(handler))
+                  for operation, handler in public.items()),
+                Endpoint(subjects.sessions_internal("subject"), self.subject),
+                Endpoint(subjects.sessions_internal("space_deleted"), self.space_deleted),
+                *self._dumps]
 
     def _clock(self) -> datetime:
         return _ms(self._now().astimezone(UTC))
@@ -201,18 +191,7 @@ class SessionsActor:
     # --- who is calling, and which session ---
 
     async def _allowed(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
-        if not envelope.token:
-            raise UnauthenticatedError("a member token is required")
-        access = await self._bus.request(
-            subjects.spaces_internal("access"),
-            AccessRequest(token_hash=hash_token(envelope.token),
-                          space_id=envelope.params.get("spaceId", "")), SpaceAccess)
-        if not access.allows(permission):
-            if not access.allows(Permission.CAN_VIEW):
-                raise NotFoundError("no such memory space")
-            raise ForbiddenError("your role in this memory space does not allow this",
-                                 {"permission": permission.value})
-        return access
+        return await self._spaces.access(envelope, permission)
 
     def _visible(self, access: SpaceAccess, session_id: str) -> SessionRow:
         """On the worker thread: the session, if it is in the caller's space and not hidden."""
@@ -447,7 +426,7 @@ class SessionsActor:
     async def run_due(self) -> list[tuple[str, str]]:
         """Run every strategy due at the clock's now; the (session id, type) pairs that ran."""
         async with self._running:
-            if self._store is None:
+            if not SessionsActor.store.opened(self):
                 return []
             now = self._clock()
             if await self._serial(self._purge_hidden, now):

@@ -35,12 +35,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from memgate.bus import NatsRouter, parse, replying, subjects
-from memgate.contracts import Contract, Done, Envelope, Memory, RecallResult, RememberResult
+from memgate.bus import parse, subjects
+from memgate.contracts import Contract, Envelope, Memory, RecallResult, RememberResult
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.errors import (
-    AgentMemoryEmptyError, ForbiddenError, MemgateError, NotFoundError, UnauthenticatedError,
-    UnavailableError, UnprocessableError, ValidationFailedError,
+    AgentMemoryEmptyError, MemgateError, NotFoundError, UnavailableError, UnprocessableError,
+    ValidationFailedError,
 )
 from memgate.contracts.internal import (
     Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, StoreRememberAll, space_owner,
@@ -49,12 +49,11 @@ from memgate.contracts.memory import Extras
 from memgate.contracts.mem0 import (
     BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
     ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ListMemories, Mem0Memory,
-    Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, SpaceLlm,
-    SpaceLlmRequest, UpdateMemory,
+    Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
 from memgate.contracts.spaces import (
-    AccessRequest, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled, Permission,
-    Scope, ScopeRequest, SpaceAccess,
+    Entity, Permission,
+    SpaceAccess,
 )
 from memgate.policy import extraction
 from memgate.policy.masking import Masked, mask
@@ -66,9 +65,9 @@ from memgate.policy.metadata import (
 )
 from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel, unavailable
+from memgate.ports.spaces import BusSpaces, Spaces
 from memgate.ports.storage import BusStorage, Storage
-from memgate.runtime.actor import enveloped, ready_route
-from memgate.storage.directory import hash_token
+from memgate.runtime.actor import ActorBase, Endpoint, enveloped
 
 log = logging.getLogger("memgate.space-memories")
 QUEUE = "space-memories"
@@ -249,12 +248,13 @@ class _Writer:
                              derived_from=list(self.derived_from), extras=extras)
 
 
-class SpaceMemoriesActor:
+class SpaceMemoriesActor(ActorBase):
     name = "space-memories"
 
     def __init__(self, *, bus: Requester, storage: Storage, chat: ChatModel,
                  extract_timeout_s: float | None = None) -> None:
         self._bus = bus
+        self._spaces: Spaces = BusSpaces(bus)
         self._storage = storage
         self._chat = chat
         self._extract_timeout = extract_timeout_s
@@ -271,48 +271,31 @@ class SpaceMemoriesActor:
     async def stop(self) -> None:
         await self._chat.stop()
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
+    def endpoints(self) -> list[Endpoint]:
         public: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
             "ping": self.ping, "add": self.add, "get": self.get, "list": self.list_memories,
             "search": self.search, "update": self.update, "delete": self.delete,
             "delete_all": self.delete_all, "history": self.history,
             "batch_update": self.batch_update, "batch_delete": self.batch_delete,
         }
-        for operation, handler in public.items():
-            router.subscriber(subjects.space(f"memories.{operation}"), queue=QUEUE,
-                              max_workers=CONCURRENCY)(replying(enveloped(handler)))
-        router.subscriber(subjects.space_memories_internal("extract"), queue=QUEUE,
-                          max_workers=CONCURRENCY)(replying(self.extract))
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        handlers = {**{subjects.space(f"memories.{operation}"): enveloped(handler)
+                       for operation, handler in public.items()},
+                    subjects.space_memories_internal("extract"): self.extract}
+        return [Endpoint(subject, handler, queue=QUEUE, max_workers=CONCURRENCY)
+                for subject, handler in handlers.items()]
 
     # --- who may do what, and about whom ---
 
     async def _access(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
-        if not envelope.token:
-            raise UnauthenticatedError("a member token is required")
-        space_id = envelope.params.get("spaceId", "")
-        if not 1 <= len(space_id) <= ID_MAX:
-            raise NotFoundError("no such memory space")
-        access = await self._bus.request(
-            subjects.spaces_internal("access"),
-            AccessRequest(token_hash=hash_token(envelope.token), space_id=space_id), SpaceAccess)
-        if not access.allows(permission):
-            if not access.allows(Permission.CAN_VIEW):
-                raise NotFoundError("no such memory space")
-            raise ForbiddenError("your role in this memory space does not allow this",
-                                 {"permission": permission.value})
-        return access
+        return await self._spaces.access(envelope, permission)
 
     async def _entities(self, space_id: str, shown: Sequence[Memory]) -> dict[str, Entity]:
         """Who the memories shown are about, by namespace (only theirs: a space's whole
         entity map may not fit in one message)."""
         if not shown:
             return {}
-        found = await self._bus.request(subjects.spaces_internal("entities"), EntitiesRequest(
-            space_id=space_id, namespaces=sorted({m.namespace for m in shown})), Entities)
-        return {e.namespace: e for e in found.entities if e.namespace}
+        found = await self._spaces.entities(space_id, sorted({m.namespace for m in shown}))
+        return {e.namespace: e for e in found if e.namespace}
 
     async def _scope(self, space_id: str, filters: dict[str, Any] | None) -> list[str] | None:
         """The namespaces a filter selects (None: no filter, the whole space), resolved by the
@@ -320,9 +303,7 @@ class SpaceMemoriesActor:
         if compile_filters(filters) is None:
             return None
         assert filters is not None
-        found = await self._bus.request(subjects.spaces_internal("scope"),
-                                        ScopeRequest(space_id=space_id, filters=filters), Scope)
-        return found.namespaces
+        return await self._spaces.scope(space_id, filters)
 
     async def _selected(self, access: SpaceAccess, filters: dict[str, Any] | None,
                         ) -> tuple[list[Memory], list[str] | None]:
@@ -364,13 +345,11 @@ class SpaceMemoriesActor:
         pending, before the store, then settled (`mem.int.spaces.settle`): a refused add
         leaves no entity behind. A settle that fails leaves the row pending, which holds: the
         erasure finds it and reads show it with its memories (`storage.spaces`)."""
-        issued = await self._bus.request(subjects.spaces_internal("entity"),
-                                         EntityRequest(space_id=space_id, entity=entity), Entity)
+        issued = await self._spaces.entity(space_id, entity)
         assert issued.namespace is not None, "the spaces actor issues a namespace"
 
         async def settle(stored: bool) -> None:
-            await self._bus.request(subjects.spaces_internal("settle"), EntitySettled(
-                space_id=space_id, entity=entity, stored=stored), Done)
+            await self._spaces.settle(space_id, entity, stored=stored)
 
         try:
             stored = await self._remember_all(writer, issued.namespace, texts, keys, extras)
@@ -660,8 +639,7 @@ class SpaceMemoriesActor:
         request = parse(ExtractRequest, payload)
         if not request.events:
             return Extracted(memory_ids=[])
-        space = await self._bus.request(subjects.spaces_internal("llm"),
-                                        SpaceLlmRequest(space_id=request.space_id), SpaceLlm)
+        space = await self._spaces.llm(request.space_id)
         if not (space.llm_model_name and space.llm_base_url):
             raise UnprocessableError("the space has no LLM to extract memories with")
         if space.workspace_id != request.workspace_id:

@@ -14,19 +14,18 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from memgate.actors.keys import dump_route
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.actors.keys import dumps
+from memgate.bus import parse, subjects
 from memgate.contracts import Contract, Done, Envelope
 from memgate.contracts.directory import MemberPrincipal, MemberRequest
 from memgate.contracts.errors import (
-    ForbiddenError, MemorySpacesDisabledError, NonRetainingWorkspaceError, NotFoundError,
+    MemorySpacesDisabledError, NonRetainingWorkspaceError, NotFoundError,
     UnauthenticatedError, UnprocessableError,
 )
 from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge, space_owner
 from memgate.contracts.sessions import SpaceDeleted
 from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
-from memgate.contracts.memory import ForgetResult
 from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled,
     Permission, Scope, ScopeRequest, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
@@ -35,7 +34,9 @@ from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.policy.masking import mask
 from memgate.policy.mem0 import compile_filters, namespaces
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import Serial, partition_of, enveloped, ready_route
+from memgate.ports.directory import BusDirectory
+from memgate.ports.storage import BusStorage
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
 from memgate.storage.quotas import SPACES, Quota
@@ -64,8 +65,9 @@ def _entity(row: EntityRow) -> Entity:
                   namespace=row.namespace)
 
 
-class SpacesActor:
+class SpacesActor(ActorBase):
     name = "spaces"
+    store = Opened[SpaceStore]()
 
     def __init__(self, *, path: Path, bus: Requester, partitions: int = 1,
                  llm_models: Sequence[str], llm_origins: Sequence[Origin] = (),
@@ -73,44 +75,38 @@ class SpacesActor:
         self._path = path
         self._quota = quota
         self._bus = bus
+        self._directory = BusDirectory(bus)
+        self._storage = BusStorage(bus, partitions=partitions)
         self._partitions = partitions
         self._llm_models = tuple(llm_models)
         self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
-        self._store: SpaceStore | None = None
+        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
 
     async def start(self) -> None:
-        self._store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))
+        self.store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))
 
     async def stop(self) -> None:
-        if self._store is not None:
-            await self._serial(self._store.close)
+        if (store := SpacesActor.store.take(self)) is not None:
+            await self._serial(store.close)
         self._serial.shutdown()
 
-    @property
-    def store(self) -> SpaceStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
+    def endpoints(self) -> list[Endpoint]:
         public: dict[str, Callable[[Envelope], Awaitable[Contract]]] = {
             "spaces.create": self.create, "spaces.get": self.get, "spaces.list": self.list_spaces,
             "spaces.delete": self.delete, "shares.put": self.share, "shares.delete": self.revoke,
         }
-        for operation, handler in public.items():
-            router.subscriber(subjects.space(operation))(replying(enveloped(handler)))
         internal: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
             "access": self.access, "entity": self.entity, "settle": self.settle,
             "entities": self.entities, "scope": self.scope, "subject": self.subject,
             "llm": self.llm,
         }
-        for operation, answer in internal.items():
-            router.subscriber(subjects.spaces_internal(operation))(replying(answer))
-        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+        return [*(Endpoint(subjects.space(operation), enveloped(handler))
+                  for operation, handler in public.items()),
+                *(Endpoint(subjects.spaces_internal(operation), handler)
+                  for operation, handler in internal.items()),
+                *self._dumps]
 
     # --- who is calling ---
 
@@ -119,8 +115,7 @@ class SpacesActor:
         that keeps history: every space route (sessions, events and mem0 ask `access`) is one."""
         if not token_hash:
             raise UnauthenticatedError("a member token is required")
-        member = await self._bus.request(subjects.DIRECTORY_MEMBER,
-                                         MemberRequest(token_hash=token_hash), MemberPrincipal)
+        member = await self._directory.member(MemberRequest(token_hash=token_hash))
         if member.settings.non_retaining:
             raise NonRetainingWorkspaceError("this workspace keeps no history")
         if not member.memory_spaces_enabled:
@@ -144,12 +139,7 @@ class SpacesActor:
     async def _allowed(self, envelope: Envelope, permission: Permission) -> SpaceAccess:
         member = await self._member(hash_token(envelope.token) if envelope.token else None)
         access = await self._serial(self._access, member, envelope.params.get("spaceId", ""))
-        if not access.allows(permission):
-            if not access.allows(Permission.CAN_VIEW):
-                raise NotFoundError("no such memory space")
-            raise ForbiddenError("your role in this memory space does not allow this",
-                                 {"permission": permission.value})
-        return access
+        return access.require(permission)
 
     # --- internal answers ---
 
@@ -271,9 +261,8 @@ class SpacesActor:
         are deleted (each owner rewrites its file: they leave the disk)."""
         access = await self._allowed(envelope, Permission.CAN_DELETE)
         await self._serial(self.store.delete, access.space_id)
-        partition = partition_of(access.workspace_id, self._partitions)
-        await self._bus.request(subjects.store(partition, "purge"), StorePurge(
-            tenant=access.workspace_id, subject_id=space_owner(access.space_id)), ForgetResult)
+        await self._storage.purge(StorePurge(tenant=access.workspace_id,
+                                             subject_id=space_owner(access.space_id)))
         await self._bus.request(subjects.sessions_internal("space_deleted"), SpaceDeleted(
             tenant=access.workspace_id, space_id=access.space_id), Done)
         return Done()
@@ -281,9 +270,8 @@ class SpacesActor:
     async def share(self, envelope: Envelope) -> SpaceView:
         access = await self._allowed(envelope, Permission.CAN_SHARE)
         body = parse(ShareSpace, envelope.body)
-        target = await self._bus.request(subjects.DIRECTORY_MEMBER, MemberRequest(
-            workspace_id=access.workspace_id, member_id=envelope.params.get("memberId", "")),
-            MemberPrincipal)
+        target = await self._directory.member(MemberRequest(
+            workspace_id=access.workspace_id, member_id=envelope.params.get("memberId", "")))
         await self._serial(self.store.share, access.space_id, target.member_id, body.role.value)
         space = self.store.space(access.space_id)
         assert space is not None

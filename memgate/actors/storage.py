@@ -18,17 +18,17 @@ from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memgate.runtime.actor import Serial, partition_of, ready_route
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, partition_of
 from memgate.observe import metrics, tracing
 from memgate.runtime.batching import GroupCommit
 from memgate.runtime.compaction import Compactions
-from memgate.actors.keys import dump_route
-from memgate.bus import NatsRouter, parse, replying, subjects
+from memgate.actors.keys import dumps
+from memgate.bus import parse, subjects
 from memgate.ports.bus import Consumers, Publisher
 from memgate.bus.replies import Handler
 from memgate.bus.streams import OutboxRelay, Pending
 from memgate.contracts import (
-    ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
+    Contract, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
 )
 from memgate.contracts.errors import (
     MemgateError,     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
@@ -50,9 +50,11 @@ from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
     encode_cursor,
 )
+from memgate.storage.memory_rows import CatalogRow
 
 log = logging.getLogger("memgate.storage")
 C = TypeVar("C")
+R = TypeVar("R")
 
 # Remembers taken in at once: those that arrive while a commit runs share the next one (at most
 # GROUP_CAP); the others (list, forget, ...) are handled one at a time, in order.
@@ -61,6 +63,7 @@ REMEMBERS_AT_ONCE = 2 * GROUP_CAP
 # The operations that delete answer only once the file is rewritten without the deleted rows
 # (SPEC §5.4); taken in together, so that those arriving while one waits share its rewrite.
 DELETIONS = frozenset({"forget", "purge", "subject", "reap"})
+WRITES = DELETIONS | {"remember", "remember_all"}  # what commits events for the relay
 DELETIONS_AT_ONCE = 64
 
 
@@ -87,7 +90,9 @@ def memory_of(row: Row) -> Memory:
                   extras=None if row.extras is None else Extras.model_validate_json(row.extras))
 
 
-class StorageActor:
+class StorageActor(ActorBase):
+    store = Opened[MemoryStore]()
+
     def __init__(self, *, partition: str, path: Path, publisher: Publisher, bus: Consumers,
                  limits: Limits | None = None, partitions: int = 1) -> None:
         self.partition = partition
@@ -101,13 +106,20 @@ class StorageActor:
         self._remembers = GroupCommit[Remember, Stored](self._serial, self._remember_group,
                                                         cap=GROUP_CAP, name=self.name)
         self._events_subject = subjects.memory_events(partition)
-        self._store: MemoryStore | None = None
+        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._relay = OutboxRelay(publisher, prefix=partition, pending=self._pending_events,
                                   sent=self._events_sent)
 
     # Answers the in-memory mirror holds are given on the event loop (`MemoryStore.known_*`):
     # a hop to the writer's thread costs more than they do, and would wait behind a commit.
+
+    async def _read(self, known: Callable[[], R | None], read: Callable[[], R]) -> R:
+        """The mirror's answer, given on the event loop, when it holds one; else `read` of the
+        file, on the writer's thread."""
+        if (answer := known()) is not None:
+            return answer
+        return await self._serial(read)
 
     async def _pending_events(self) -> Pending:
         if (known := self.store.known_pending_events()) is not None:
@@ -118,13 +130,8 @@ class StorageActor:
         if self.store.known_events_sent(up_to_seq):  # a batch of sent rows to delete
             await self._serial(self.store.events_sent, up_to_seq)
 
-    @property
-    def store(self) -> MemoryStore:
-        assert self._store is not None, "start() first"
-        return self._store
-
     async def start(self) -> None:
-        self._store = await self._serial(partial(
+        self.store = await self._serial(partial(
             MemoryStore, self._path, event_subject=self._events_subject,
             stored_event=self._stored_event))
         await self._relay.start()  # resends whatever a previous run committed but did not publish
@@ -133,41 +140,41 @@ class StorageActor:
     async def stop(self) -> None:
         await self._cascade.stop()
         await self._relay.stop()
-        if self._store is not None:
-            await self._serial(self._store.close)
+        if (store := StorageActor.store.take(self)) is not None:
+            await self._serial(store.close)
         self._serial.shutdown()
 
-    def handlers(self) -> dict[str, Handler]:
-        """The request/reply handlers, by subject, as the bus serves them (a deletion answers
-        once the file is rewritten): what the router subscribes, and what governance of this
-        process asks in process."""
-        return {subjects.store(self.partition, operation): handler
-                for operation, handler in self._operations().items()}
-
-    def _operations(self) -> dict[str, Handler]:
-        handlers: dict[str, Handler] = {
+    def endpoints(self) -> list[Endpoint]:
+        """A deletion answers once the file is rewritten (`_compacting`); remembers and
+        deletions are taken in many at once, to share a commit or a rewrite."""
+        answers: dict[str, Handler] = {
             "remember": self.remember, "remember_all": self.remember_all,
             "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
             "purge": self.purge, "subject": self.subject, "reap": self.reap,
         }
-        return {operation: self._compacting(handler) if operation in DELETIONS else handler
-                for operation, handler in handlers.items()}
+        at_once = {"remember": REMEMBERS_AT_ONCE} | dict.fromkeys(DELETIONS, DELETIONS_AT_ONCE)
+        return [Endpoint(subjects.store(self.partition, operation),
+                         self._wrapped(operation, handler), max_workers=at_once.get(operation, 1))
+                for operation, handler in answers.items()] + self._dumps
 
-    def router(self) -> NatsRouter:
-        router = NatsRouter()
-        for operation, handler in self._operations().items():
-            workers = 1
-            if operation == "remember":
-                workers = REMEMBERS_AT_ONCE
-            elif operation in DELETIONS:
-                workers = DELETIONS_AT_ONCE
-            router.subscriber(subjects.store(self.partition, operation),
-                              max_workers=workers)(replying(handler))
-        dump_route(router, self.name, self._serial, lambda: self.store._db)  # backups
-        ready_route(router, subjects.ready(self.name), self.name)
-        return router
+    def _wrapped(self, operation: str, handler: Handler) -> Handler:
+        """A write wakes the relay once it returns (its events are committed with it, SPEC
+        §3.5), failed or not; a deletion then answers once its file is rewritten."""
+        if operation in WRITES:
+            handler = self._relaying(handler)
+        return self._compacting(handler) if operation in DELETIONS else handler
+
+    def _relaying(self, handler: Handler) -> Handler:
+        async def relaying(payload: bytes) -> Contract:
+            try:
+                return await handler(payload)
+            finally:
+                self._relay.wake()
+
+        relaying.__name__ = handler.__name__
+        return relaying
 
     @staticmethod
     def _remember(command: StoreRemember) -> Remember:
@@ -200,8 +207,6 @@ class StorageActor:
                 stored = await self._remembers(self._remember(command))
         except LimitReachedError as reached:
             raise self._refusal(reached) from None
-        finally:
-            self._relay.wake()
         return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
                               superseded=stored.superseded, masked=command.masked)
 
@@ -209,11 +214,8 @@ class StorageActor:
         """Versions committed together, or none of them if a limit refuses one."""
         command = parse(StoreRememberAll, payload)
         items = [self._remember(item) for item in command.items]
-        try:
-            outcomes = await self._serial(lambda: self.store.remember_group(
-                items, self._limits, together=True))
-        finally:
-            self._relay.wake()
+        outcomes = await self._serial(lambda: self.store.remember_group(
+            items, self._limits, together=True))
         for outcome in outcomes:
             if isinstance(outcome, LimitReachedError):
                 raise self._refusal(outcome) from None
@@ -282,11 +284,11 @@ class StorageActor:
         request = parse(RowsRequest, payload)
         filters = request.filters
         as_of = filters.as_of or datetime.now(UTC)
-        rows = self.store.known_rows(self._recall_filters(filters), as_of=as_of,
-                                     memory_ids=request.memory_ids)
-        if rows is None:
-            rows = await self._serial(lambda: self.store.rows(
-                self._recall_filters(filters), as_of=as_of, memory_ids=request.memory_ids))
+        rows = await self._read(
+            lambda: self.store.known_rows(self._recall_filters(filters), as_of=as_of,
+                                          memory_ids=request.memory_ids),
+            lambda: self.store.rows(self._recall_filters(filters), as_of=as_of,
+                                    memory_ids=request.memory_ids))
         return Rows(memories=[memory_of(r) for r in rows])
 
     async def catalog(self, payload: bytes) -> CatalogRows:
@@ -295,20 +297,20 @@ class StorageActor:
         request = parse(CatalogRequest, payload)
         owner = request.owner
 
-        def read() -> tuple[int, list[tuple[Any, ...]]]:
+        def read() -> tuple[int, list[CatalogRow]]:
             return (self.store.high_seq(owner.tenant, owner.subject_id),
                     self.store.catalog(owner.tenant, owner.subject_id, request.after_seq,
                                        texts=request.texts))
 
-        known = self.store.known_catalog(owner.tenant, owner.subject_id, request.after_seq,
-                                         texts=request.texts)
-        high, rows = known if known is not None else await self._serial(read)
-        columns = list(zip(*rows, strict=True)) if rows else [()] * 9
+        high, rows = await self._read(lambda: self.store.known_catalog(
+            owner.tenant, owner.subject_id, request.after_seq, texts=request.texts), read)
+        columns = zip(*rows, strict=True) if rows else ([] for _ in CatalogRow._fields)
+        (memory_ids, seqs, namespaces, keys, collection_ids, created_at, superseded_at,
+         legal_hold, texts) = (list(column) for column in columns)  # `CatalogRow`'s fields
         return CatalogRows(
-            high_seq=high, memory_ids=list(columns[0]), seqs=list(columns[1]),
-            namespaces=list(columns[2]), keys=list(columns[3]), collection_ids=list(columns[4]),
-            created_at=list(columns[5]), superseded_at=list(columns[6]),
-            legal_hold=list(columns[7]), texts=list(columns[8]) if request.texts else None)
+            high_seq=high, memory_ids=memory_ids, seqs=seqs, namespaces=namespaces, keys=keys,
+            collection_ids=collection_ids, created_at=created_at, superseded_at=superseded_at,
+            legal_hold=legal_hold, texts=texts if request.texts else None)
 
     def _compacting(self, handler: Callable[[bytes], Awaitable[C]]
                     ) -> Callable[[bytes], Awaitable[C]]:
@@ -346,7 +348,6 @@ class StorageActor:
             keys=command.keys))
         if not deleted:
             raise NotFoundError("no such memory")
-        self._relay.wake()
         return ForgetResult(deleted=len(deleted))
 
     async def on_registry_events(self, payloads: list[bytes]) -> None:
@@ -379,7 +380,6 @@ class StorageActor:
         deleted = await self._serial(lambda: self._delete(
             command.tenant, command.subject_id, memory_ids=command.memory_ids,
             not_owner_prefix=everyone))
-        self._relay.wake()
         return ForgetResult(deleted=len(deleted))
 
     async def subject(self, payload: bytes) -> SubjectCount:
@@ -402,8 +402,6 @@ class StorageActor:
             return found
 
         by_owner = await self._serial(sweep)
-        if target.erase:
-            self._relay.wake()
         ids = [i for found in by_owner.values() for i in found]
         return SubjectCount(count=len(ids), record_ids=ids, by_owner=by_owner)
 
@@ -423,17 +421,15 @@ class StorageActor:
 
         deleted = await self._serial(lambda: self.store.reap(
             command.now, cutoffs, event_subject=self._events_subject, event=event))
-        if deleted:
-            self._relay.wake()
         return Reaped(deleted=len(deleted))
 
     async def texts(self, payload: bytes) -> Texts:
         """Masked texts for the indexer and embedder, which keep none of their own copies."""
         request = parse(TextsRequest, payload)
         owner = request.owner
-        rows = None if request.memory_ids is None else self.store.known_texts(
-            owner.tenant, owner.subject_id, request.memory_ids)
-        if rows is None:
-            rows = await self._serial(lambda: self.store.texts(
-                owner.tenant, owner.subject_id, request.memory_ids))
+        ids = request.memory_ids
+        rows = await self._read(
+            lambda: None if ids is None else self.store.known_texts(owner.tenant,
+                                                                    owner.subject_id, ids),
+            lambda: self.store.texts(owner.tenant, owner.subject_id, ids))
         return Texts(items=[OwnedText(memory_id=i, text=t) for i, t in rows])

@@ -13,49 +13,39 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.telemetry import TelemetryConfig
 
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
-from memgate.adapters import console, rest_erasure, rest_mem0, rest_sessions, rest_spaces
+from memgate.adapters import console, rest_admin, rest_erasure, rest_mem0, rest_sessions
+from memgate.adapters import rest_spaces
 from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
+from memgate.adapters.rest_admin import Token, bearer
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
 from memgate.bus.replies import Handler
 from memgate.contracts import (
-    AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
-    DeleteOwnMemories, Done, ForgetRequest, ForgetResult, ListRequest, ListResult, MemberToken,
-    MemberView, MemgateError, NatsAgentCreated, PatchMember, RecallRequest, RecallResult,
-    RememberRequest, RememberResult, SettingsUpdate, WorkspaceCreated, WorkspaceSettings,
+    Contract, ForgetRequest, ForgetResult, ListRequest, ListResult, MemgateError, RecallRequest,
+    RecallResult, RememberRequest, RememberResult,
 )
-from memgate.contracts.cluster import ClusterStatus
-from memgate.contracts.backup import AuditVerified
-from memgate.contracts.base import ID_MAX
-from memgate.contracts.directory import Credentials, Me, Members
 from memgate.contracts.errors import (
     UnauthenticatedError, ValidationFailedError,
 )
 from memgate.contracts.internal import Ready
-from memgate.contracts.registry import (
-    CollectionCreated, ContextSetIn, ContextSetSaved, CreateCollection, DocumentVersion,
-    PutDocument,
-)
 
 log = logging.getLogger("memgate.rest")
 
 T = TypeVar("T", bound=Contract)
 E = TypeVar("E", bound=Callable[..., Any])
-_bearer = HTTPBearer(auto_error=False, description="an agent credential or a member token")
-Token = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-PathId = Annotated[str, Path(min_length=1, max_length=ID_MAX)]
+
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -132,9 +122,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
 
     async def call(subject: str, result: type[T], token: HTTPAuthorizationCredentials | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
-        credential = token.credentials if token else None
-        return await state["bus"].command(subject, credential, body, result, params=params,
-                                          transport="rest")
+        return await send(subject, result, bearer(token), body, **params)
 
     async def send(subject: str, result: type[T], token: str | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
@@ -178,163 +166,12 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     async def forget(body: ForgetRequest, token: Token) -> ForgetResult:
         return await call(subjects.FORGET, ForgetResult, token, body)
 
-    # --- admin and setup (SPEC §2.4) ---
-
-    @app.post("/api/admin/workspaces", tags=["admin"], responses=responses(*COMMON))
-    @command(subjects.admin("workspaces.create"), WorkspaceCreated)
-    async def create_workspace(body: CreateWorkspace, token: Token) -> WorkspaceCreated:
-        return await call(subjects.admin("workspaces.create"), WorkspaceCreated, token, body)
-
-    @app.get("/api/me", tags=["admin"], responses=responses(*COMMON))
-    async def whoami(token: Token) -> Me:
-        """Who a member token or the operator token speaks for (the console's first call)."""
-        return await call(subjects.admin("self.whoami"), Me, token, {})
-
-    @app.get("/api/w/{wsId}/members", tags=["admin"], responses=responses(*COMMON))
-    async def list_members(wsId: PathId, token: Token) -> Members:
-        return await call(subjects.admin("members.list"), Members, token, {}, wsId=wsId)
-
-    @app.post("/api/w/{wsId}/members", tags=["admin"], responses=responses(*COMMON))
-    @command(subjects.admin("members.add"), MemberToken)
-    async def add_member(wsId: PathId, body: AddMember, token: Token) -> MemberToken:
-        return await call(subjects.admin("members.add"), MemberToken, token, body, wsId=wsId)
-
-    @app.patch("/api/w/{wsId}/members/{memberId}", tags=["admin"], responses=responses(*COMMON))
-    @command(subjects.admin("members.patch"), MemberView)
-    async def patch_member(wsId: PathId, memberId: PathId, body: PatchMember,
-                           token: Token) -> MemberView:
-        return await call(subjects.admin("members.patch"), MemberView, token, body, wsId=wsId,
-                          memberId=memberId)
-
-    @app.get("/api/w/{wsId}/credentials", tags=["admin"], responses=responses(*COMMON))
-    async def list_credentials(wsId: PathId, token: Token) -> Credentials:
-        """The credentials that still work, never their tokens (shown once, at creation)."""
-        return await call(subjects.admin("credentials.list"), Credentials, token, {}, wsId=wsId)
-
-    @app.post("/api/w/{wsId}/credentials", tags=["admin"], responses=responses(*COMMON))
-    @command(subjects.admin("credentials.create"), CredentialCreated)
-    async def create_credential(wsId: PathId, body: CreateCredential,
-                                token: Token) -> CredentialCreated:
-        return await call(subjects.admin("credentials.create"), CredentialCreated, token, body,
-                          wsId=wsId)
-
-    @app.delete("/api/w/{wsId}/credentials/{credentialId}", tags=["admin"],
-                responses=responses(*COMMON))
-    async def revoke_credential(wsId: PathId, credentialId: PathId, token: Token) -> Done:
-        return await call(subjects.admin("credentials.revoke"), Done, token, {}, wsId=wsId,
-                          credentialId=credentialId)
-
-    @app.get("/api/w/{wsId}/ask-history/settings", tags=["settings"],
-             responses=responses(*COMMON))
-    async def get_settings(wsId: PathId, token: Token) -> WorkspaceSettings:
-        return await call(subjects.admin("settings.get"), WorkspaceSettings, token, {}, wsId=wsId)
-
-    @app.put("/api/w/{wsId}/ask-history/settings", tags=["settings"],
-             responses=responses(*COMMON))
-    @command(subjects.admin("settings.put"), WorkspaceSettings)
-    async def put_settings(wsId: PathId, body: SettingsUpdate, token: Token) -> WorkspaceSettings:
-        return await call(subjects.admin("settings.put"), WorkspaceSettings, token, body, wsId=wsId)
-
-    # --- the registry: collections, documents, context sets (owner or operator) ---
-
-    @app.post("/api/w/{wsId}/collections", tags=["registry"], responses=responses(*COMMON))
-    @command(subjects.admin("registry.collections.create"), CollectionCreated)
-    async def create_collection(wsId: PathId, body: CreateCollection,
-                                token: Token) -> CollectionCreated:
-        return await call(subjects.admin("registry.collections.create"), CollectionCreated, token,
-                          body, wsId=wsId)
-
-    @app.delete("/api/w/{wsId}/collections/{collectionId}", tags=["registry"],
-                responses=responses(*COMMON))
-    async def delete_collection(wsId: PathId, collectionId: PathId, token: Token) -> Done:
-        return await call(subjects.admin("registry.collections.delete"), Done, token, {},
-                          wsId=wsId, collectionId=collectionId)
-
-    @app.put("/api/w/{wsId}/documents/{documentId}", tags=["registry"],
-             responses=responses(*COMMON))
-    @command(subjects.admin("registry.documents.put"), DocumentVersion)
-    async def put_document(wsId: PathId, documentId: PathId, body: PutDocument,
-                           token: Token) -> DocumentVersion:
-        return await call(subjects.admin("registry.documents.put"), DocumentVersion, token, body,
-                          wsId=wsId, documentId=documentId)
-
-    @app.delete("/api/w/{wsId}/documents/{documentId}", tags=["registry"],
-                responses=responses(*COMMON))
-    async def delete_document(wsId: PathId, documentId: PathId, token: Token) -> Done:
-        return await call(subjects.admin("registry.documents.delete"), Done, token, {},
-                          wsId=wsId, documentId=documentId)
-
-    @app.post("/api/w/{wsId}/context-sets", tags=["registry"], responses=responses(*COMMON))
-    @command(subjects.admin("registry.context_sets.save"), ContextSetSaved)
-    async def create_context_set(wsId: PathId, body: ContextSetIn,
-                                 token: Token) -> ContextSetSaved:
-        return await call(subjects.admin("registry.context_sets.save"), ContextSetSaved, token,
-                          body, wsId=wsId)
-
-    @app.put("/api/w/{wsId}/context-sets/{contextSetId}", tags=["registry"],
-             responses=responses(*COMMON))
-    @command(subjects.admin("registry.context_sets.save"), ContextSetSaved)
-    async def update_context_set(wsId: PathId, contextSetId: PathId, body: ContextSetIn,
-                                 token: Token) -> ContextSetSaved:
-        return await call(subjects.admin("registry.context_sets.save"), ContextSetSaved, token,
-                          body, wsId=wsId, contextSetId=contextSetId)
-
-    # --- a member's own agent memories, and the owner's blind purge (SPEC §2.3) ---
-
-    @app.get("/api/w/{wsId}/ask-history/agent-memories", tags=["self-service"],
-             responses=responses(*COMMON))
-    @command(subjects.admin("self.list"), ListResult)
-    async def list_own_memories(
-            wsId: PathId, token: Token,
-            limit: Annotated[int, Query(ge=1, le=100)] = 20,
-            cursor: Annotated[str | None, Query(max_length=200)] = None,
-            namespace: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
-    ) -> ListResult:
-        body = {k: v for k, v in {"limit": limit, "cursor": cursor, "namespace": namespace}.items()
-                if v is not None}
-        return await call(subjects.admin("self.list"), ListResult, token, body, wsId=wsId)
-
-    @app.delete("/api/w/{wsId}/ask-history/agent-memories", tags=["self-service"],
-                responses=responses(*COMMON))
-    @command(subjects.admin("self.delete"), ForgetResult)
-    async def delete_own_memories(wsId: PathId, token: Token,
-                                  body: DeleteOwnMemories | None = None) -> ForgetResult:
-        return await call(subjects.admin("self.delete"), ForgetResult, token,
-                          body or DeleteOwnMemories(), wsId=wsId)
-
-    @app.delete("/api/w/{wsId}/ask-history/settings/agent-memories", tags=["settings"],
-                responses=responses(*COMMON))
-    async def purge_workspace_memories(wsId: PathId, token: Token) -> ForgetResult:
-        """The owner deletes every member's agent memories without reading them (a count comes
-        back). Members' memory spaces are not touched: a space goes with its own explicit call,
-        `DELETE /memory/spaces/{spaceId}` by its owner, or with an erasure."""
-        return await call(subjects.admin("owner.purge"), ForgetResult, token, {}, wsId=wsId)
-
-    @app.get("/api/admin/cluster", tags=["admin"], responses=responses(*COMMON))
-    async def cluster_status(token: Token) -> ClusterStatus:
-        """The operator's view (SPEC §6): each store's home node, the node serving it, its
-        epoch."""
-        return await call(subjects.admin("cluster.status"), ClusterStatus, token, {})
-
-    @app.post("/api/admin/audit/verify", tags=["admin"], responses=responses(*COMMON))
-    async def verify_audit_log(token: Token) -> AuditVerified:
-        """The operator checks the audit log's whole hash chain (SPEC §5.5)."""
-        return await call(subjects.admin("audit.verify"), AuditVerified, token, {})
-
-    @app.post("/api/admin/nats-agents", tags=["admin"], responses=responses(*COMMON))
-    @command(subjects.admin("nats.create"), NatsAgentCreated)
-    async def create_nats_agent(body: CreateNatsAgent, token: Token) -> NatsAgentCreated:
-        return await call(subjects.admin("nats.create"), NatsAgentCreated, token, body)
-
-    @app.delete("/api/admin/nats-agents/{agentId}", tags=["admin"],
-                responses=responses(*COMMON))
-    async def revoke_nats_agent(agentId: PathId, token: Token) -> Done:
-        return await call(subjects.admin("nats.revoke"), Done, token, {}, agentId=agentId)
-
     # Last: a request is matched against the routes in order, and an included router is
-    # costly to try (FastAPI walks each of its routes), so the agents' memory routes come first.
+    # costly to try (FastAPI walks each of its routes), so the agents' memory routes come first;
+    # then the admin routes, as they always came.
     # No path here overlaps another module's; among the modules the order matters
     # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
+    app.include_router(rest_admin.router(send, command))
     for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
         app.include_router(module.router(send, command))
     app.include_router(rest_metrics.router(send))

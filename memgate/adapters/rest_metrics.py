@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from memgate.adapters.http_errors import COMMON, responses
 from memgate.adapters.routing import CallerToken, Send
-from memgate.bus import subjects
+from memgate.bus.subjects import Admin
 from memgate.contracts.erasure import ErasureMetrics
 from memgate.observe import exposition
 
@@ -42,7 +42,7 @@ def router(send: Send) -> APIRouter:
     async def metrics(token: CallerToken) -> Response:
         """Commands, latencies, group commits, consumers, dead letters, embedding, file
         rewrites, rate limits and erasure KPIs of every process (operator token)."""
-        kpis = await send(subjects.admin("erasure.metrics"), ErasureMetrics, token, {})
+        kpis = await send(Admin.ERASURE_METRICS, ErasureMetrics, token, {})
         text = exposition.exposition(exposition.gauges(erasure_gauges(kpis)))
         return Response(text, media_type=exposition.CONTENT_TYPE)
 

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import duckdb
 
+from memgate.bus.subjects import Admin
 from memgate.bus import BusClient, subjects
 from memgate.contracts.backup import (
     BackupBegin, BackupEnd, BackupLines, BackupManifest, BackupPage,
@@ -131,21 +132,21 @@ class BusDumper:
         self._id = ""
 
     async def begin(self) -> tuple[list[backup.TableInfo], list[str]]:
-        manifest = await self._client.command(subjects.admin("backup.begin"), self._token,
+        manifest = await self._client.command(Admin.BACKUP_BEGIN, self._token,
                                               self._begin, BackupManifest)
         self._id = manifest.backup_id
         return [backup.TableInfo.from_json(t) for t in manifest.tables], manifest.skipped
 
     async def lines(self, table: backup.TableInfo, offset: int) -> list[dict[str, Any]]:
         page = await self._client.command(
-            subjects.admin("backup.page"), self._token,
+            Admin.BACKUP_PAGE, self._token,
             BackupPage(backup_id=self._id, file=table.file, table=table.name, offset=offset),
             BackupLines)
         return page.lines
 
     async def end(self, rows: int) -> None:
         if self._id:
-            await self._client.command(subjects.admin("backup.end"), self._token,
+            await self._client.command(Admin.BACKUP_END, self._token,
                                        BackupEnd(backup_id=self._id, rows=rows), Done)
 
 

@@ -21,7 +21,7 @@ from pydantic import SecretStr
 
 from memgate.app.settings import Settings
 from memgate.bus import subjects
-from memgate.bus.logins import PUBLIC_COMMANDS
+from memgate.bus.logins import PUBLIC_COMMANDS, kind_of, single_writers
 
 FRONT = "front"
 # An agent's remember, list and forget are governed beside storage, which governance then asks
@@ -29,6 +29,7 @@ FRONT = "front"
 # agent's remember, list and forget are governed beside storage"). Recall is governed beside
 # recall, in the `front`.
 BESIDE_STORAGE = frozenset({subjects.REMEMBER, subjects.LIST, subjects.FORGET})
+INDEXING = frozenset({"indexer", "embedder"})  # the `index` group's kinds
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 
@@ -56,15 +57,13 @@ def groups(settings: Settings) -> list[Group]:
 
 
 def _groups(settings: Settings) -> list[Group]:
-    partitions = settings.partition_names()
-    elsewhere = frozenset(settings.elsewhere)  # homed on another node of the cluster
+    # those homed on another node of the cluster are left out
+    writers = set(single_writers(settings.partition_names())) - set(settings.elsewhere)
+    indexing = {name for name in writers if kind_of(name) in INDEXING}
     return [
-        Group("store", frozenset({"directory", "registry", "spaces", "sessions", "erasure",
-                                  "reaper", "keys", "audit", "governance",
-                                  *(f"storage.{p}" for p in partitions)}) - elsewhere,
+        Group("store", frozenset({"reaper", "governance", *(writers - indexing)}),
               governs=BESIDE_STORAGE),
-        Group("index", frozenset({*(f"indexer.{p}" for p in partitions),
-                                  *(f"embedder.{p}" for p in partitions)}) - elsewhere),
+        Group("index", frozenset(indexing)),
         Group(FRONT, frozenset({"governance", "space-memories", "recall", "cluster"}),
               stateless=True,
               rest=True, governs=frozenset(PUBLIC_COMMANDS) - BESIDE_STORAGE),

@@ -31,7 +31,7 @@ from memgate.actors.storage import StorageActor
 from memgate.app import ram
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
-from memgate.cluster.ownership import SINGLE_WRITERS, Disk, Ownership, owned
+from memgate.cluster.ownership import Disk, Ownership, owned, single_writers
 from memgate.bus import EmbeddedNats, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
@@ -40,7 +40,7 @@ from memgate.bus.server import ClusterSpec, Login, server_config
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
-from memgate.runtime.actor import Actor
+from memgate.runtime.actor import Actor, answered
 from memgate.storage import Limits
 from memgate.storage.quotas import Quota
 
@@ -81,8 +81,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         tokenizer=settings.embedding_tokenizer,
         batch=settings.embedding_batch) if wanted("recall") else None
 
-    recalls: dict[str, Handler] = ({} if recall is None else
-                                   {subjects.recall_internal(): recall.recall})
+    recalls = answered([recall] if recall is not None else [])
 
     def asks(kind: str) -> Requester:
         """The requests of an actor that asks recall: answered in process when recall runs
@@ -100,9 +99,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     storages = {p: storage(p) for p in settings.partition_names() if wanted(f"storage.{p}")}
 
     def governance() -> Actor:
-        stored = {subject: handler for actor in storages.values()
-                  for subject, handler in actor.handlers().items()}
-        return GovernanceActor.on_bus(bus("governance", local=recalls | stored),
+        local = recalls | answered(storages.values())
+        return GovernanceActor.on_bus(bus("governance", local=local),
                                       partitions=settings.partitions, serves=governs)
 
     def indexer(partition: str) -> Actor:
@@ -129,8 +127,7 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         "cluster": lambda: ClusterActor(
             js=lambda: kinds.jetstream("cluster"), admin_token=lambda: admin_token(settings),
-            names=[*sorted(SINGLE_WRITERS), *(f"{kind}.{p}" for p in settings.partition_names()
-                                              for kind in ("storage", "indexer", "embedder"))]),
+            names=single_writers(settings.partition_names())),
         "registry": lambda: RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                                           publisher=publisher("registry")),
         "reaper": lambda: ReaperActor(bus=bus("reaper"), partitions=settings.partitions,
@@ -172,12 +169,12 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             *(make() for name, make in makers.items() if wanted(name))]
 
 
+STATELESS = ("cluster", "governance", "reaper", "recall", "space-memories")
+
+
 def actor_names(settings: Settings) -> list[str]:
     """The readiness subjects `/healthz` checks, one per actor."""
-    names = ["audit", "cluster", "directory", "erasure", "governance", "keys", "reaper", "recall",
-             "registry", "sessions", "space-memories", "spaces"]
-    for partition in settings.partition_names():
-        names += [f"storage.{partition}", f"indexer.{partition}", f"embedder.{partition}"]
+    names = [*STATELESS, *single_writers(settings.partition_names())]
     return [subjects.ready(name) for name in names]
 
 
@@ -315,8 +312,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
             raise outcome
     for actor in actors:
         kind = kind_of(actor.name)
-        if isinstance(actor, GovernanceActor):
-            bus.here.update(actor.commands())
+        if isinstance(actor, GovernanceActor):  # the adapters of this process ask it here
+            bus.here.update(answered([actor]))
         if kind not in brokers:
             brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
         brokers[kind].include_router(actor.router())

@@ -13,6 +13,7 @@ a reply sent after a reload was refused), and the server reloads whenever agents
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Final
 
 from memgate.bus import subjects
@@ -175,6 +176,25 @@ ROLES: Final[dict[str, Role]] = {
 def kind_of(actor_name: str) -> str:
     """The kind of an actor (`storage.p0` → `storage`)."""
     return actor_name.split(".", 1)[0]
+
+
+PARTITIONED: Final = ("storage", "indexer", "embedder")  # one actor of each per partition
+# The single-writer actors that are not partitioned: the directory, registry, spaces, ...
+SINGLE_WRITERS: Final = frozenset(
+    kind for kind, role in ROLES.items() if role.owns and kind not in PARTITIONED)
+
+
+def owned(actor_name: str) -> bool:
+    """Whether an actor writes files only one process may write (its role `owns`)."""
+    role = ROLES.get(kind_of(actor_name))
+    return role is not None and role.owns
+
+
+def single_writers(partitions: Iterable[str]) -> list[str]:
+    """Every single-writer actor of a deployment with these partitions, by name: where the
+    process layout, the cluster view and the ownership claims start from."""
+    return [*sorted(SINGLE_WRITERS),
+            *(f"{kind}.{partition}" for partition in partitions for kind in PARTITIONED)]
 
 
 def inbox_prefix(kind: str) -> str:

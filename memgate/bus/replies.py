@@ -102,13 +102,15 @@ async def undecoded(msg: NatsMessage) -> NatsMessage:
 
 
 @dataclass(frozen=True)
-class ReplyRoute:
-    """A request/reply subject and the `bytes -> Contract` handler that answers it."""
+class Endpoint:
+    """A request/reply subject an actor answers, declared as data beside its handler: the
+    `bytes -> Contract` handler, its queue group (empty: no group) and how many requests it
+    handles at once (one: in arrival order)."""
 
     subject: str
-    queue: str
-    max_workers: int
     handler: Handler
+    queue: str = ""
+    max_workers: int = 1
 
 
 REPLIES = "__memgate_replies__"  # the attribute by which a `replying` adapter names its handler
@@ -123,7 +125,7 @@ class NatsRouter(faststream.nats.NatsRouter):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(decoder=undecoded, **options)
-        self.replies: list[ReplyRoute] = []
+        self.replies: list[Endpoint] = []
         self.others: list[NatsRoute] = []
 
     def subscriber(  # type: ignore[override]
@@ -137,7 +139,7 @@ class NatsRouter(faststream.nats.NatsRouter):
         def decorate(call: Callable[..., Any]) -> Any:
             handler: Handler | None = getattr(call, REPLIES, None)
             if handler is not None and not options:
-                self.replies.append(ReplyRoute(subject, queue, max_workers or 1, handler))
+                self.replies.append(Endpoint(subject, handler, queue, max_workers or 1))
             else:
                 self.others.append(NatsRoute(call, subject, queue=queue,
                                              max_workers=max_workers, **options))

@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from memgate.bus.logins import PUBLIC_COMMANDS
-from memgate.bus.replies import NatsRouter, ReplyRoute, coded_reply, reply_to, undecoded
+from memgate.bus.replies import NatsRouter, Endpoint, coded_reply, reply_to, undecoded
 from memgate.observe import metrics, tracing
 
 log = logging.getLogger("memgate.bus")
@@ -34,10 +34,10 @@ INTERNAL_INBOXES = "_INBOX_MG_"
 
 
 class ReplySubscription:
-    """One `ReplyRoute` on a nats-py subscription: at most `max_workers` messages handled at
+    """One `Endpoint` on a nats-py subscription: at most `max_workers` messages handled at
     once, in arrival order when it is one; each answered with `reply_to`'s bytes."""
 
-    def __init__(self, nc: NatsClient, route: ReplyRoute) -> None:
+    def __init__(self, nc: NatsClient, route: Endpoint) -> None:
         self._nc = nc
         self._route = route
         self._slots = asyncio.Semaphore(route.max_workers)
@@ -116,7 +116,7 @@ class RoutesBroker(NatsBroker):
     def __init__(self, *args: Any, graceful_timeout: float | None = None, **options: Any) -> None:
         super().__init__(*args, graceful_timeout=graceful_timeout, **options)
         self._graceful_timeout = graceful_timeout
-        self._routes: list[ReplyRoute] = []
+        self._routes: list[Endpoint] = []
         self._replies: list[ReplySubscription] = []
 
     def include_router(self, router: Any, **options: Any) -> None:

@@ -37,6 +37,45 @@ def admin(operation: str) -> str:
     return f"{ADMIN_PREFIX}.{operation}"
 
 
+class Admin:
+    """The admin commands (`mem.admin.*`: the operator's, owners' and members'), each named once
+    for the adapter that sends it and the actor that answers it."""
+
+    WORKSPACES_CREATE: Final = admin("workspaces.create")
+    SELF_WHOAMI: Final = admin("self.whoami")
+    MEMBERS_LIST: Final = admin("members.list")
+    MEMBERS_ADD: Final = admin("members.add")
+    MEMBERS_PATCH: Final = admin("members.patch")
+    CREDENTIALS_LIST: Final = admin("credentials.list")
+    CREDENTIALS_CREATE: Final = admin("credentials.create")
+    CREDENTIALS_REVOKE: Final = admin("credentials.revoke")
+    SETTINGS_GET: Final = admin("settings.get")
+    SETTINGS_PUT: Final = admin("settings.put")
+    SELF_LIST: Final = admin("self.list")
+    SELF_DELETE: Final = admin("self.delete")
+    OWNER_PURGE: Final = admin("owner.purge")
+    NATS_CREATE: Final = admin("nats.create")
+    NATS_REVOKE: Final = admin("nats.revoke")
+    REGISTRY_COLLECTIONS_CREATE: Final = admin("registry.collections.create")
+    REGISTRY_COLLECTIONS_DELETE: Final = admin("registry.collections.delete")
+    REGISTRY_DOCUMENTS_PUT: Final = admin("registry.documents.put")
+    REGISTRY_DOCUMENTS_DELETE: Final = admin("registry.documents.delete")
+    REGISTRY_CONTEXT_SETS_SAVE: Final = admin("registry.context_sets.save")
+    CLUSTER_STATUS: Final = admin("cluster.status")
+    AUDIT_VERIFY: Final = admin("audit.verify")
+    ERASURE_CREATE: Final = admin("erasure.create")
+    ERASURE_VERIFY: Final = admin("erasure.verify")
+    ERASURE_DISCOVER: Final = admin("erasure.discover")
+    ERASURE_DECIDE: Final = admin("erasure.decide")
+    ERASURE_EXECUTE: Final = admin("erasure.execute")
+    ERASURE_GET: Final = admin("erasure.get")
+    ERASURE_METRICS: Final = admin("erasure.metrics")
+    ERASURE_LIST: Final = admin("erasure.list")
+    BACKUP_BEGIN: Final = admin("backup.begin")
+    BACKUP_PAGE: Final = admin("backup.page")
+    BACKUP_END: Final = admin("backup.end")
+
+
 def space(operation: str) -> str:
     """A public memory-space command: `spaces.*` (spaces actor), `sessions.*` (sessions actor),
     `memories.*` (the mem0 routes' space-memories actor)."""

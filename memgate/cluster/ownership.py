@@ -38,7 +38,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from memgate.bus.logins import kind_of
+from memgate.bus.logins import SINGLE_WRITERS, owned, single_writers
 from memgate.bus.streams import raise_replicas, until_jetstream_answers
 from memgate.cluster import fence
 from memgate.cluster.lease import (
@@ -51,19 +51,11 @@ T = TypeVar("T")
 
 HOMES = "MEMGATE_HOMES"
 NODE_FILE = "node.json"  # in the data directory: this disk's id, and the node it belongs to
-SINGLE_WRITERS = frozenset({"directory", "registry", "spaces", "sessions", "erasure", "keys",
-                            "audit"})
-PARTITIONED = frozenset({"storage", "indexer", "embedder"})
 CLAIM_ATTEMPTS = 5  # a lease that expires between a refused create and the read that follows
 
 
 class OwnedElsewhereError(UnavailableError):
     """Another process holds the lease, or another disk keeps the files; the message says which."""
-
-
-def owned(actor_name: str) -> bool:
-    """Whether an actor writes files only one process may write."""
-    return actor_name in SINGLE_WRITERS or kind_of(actor_name) in PARTITIONED
 
 
 @dataclass(frozen=True)
@@ -261,6 +253,6 @@ class Ownership:
         self.leases.clear()
 
 
-__all__ = ["HOMES", "Disk", "Owned", "OwnedElsewhereError", "Ownership", "cluster_status",
-           "home_of", "homes_bucket", "make_home", "owned", "settle_homes",
-           "until_jetstream_answers"]
+__all__ = ["HOMES", "SINGLE_WRITERS", "Disk", "Owned", "OwnedElsewhereError", "Ownership",
+           "cluster_status", "home_of", "homes_bucket", "make_home", "owned", "settle_homes",
+           "single_writers", "until_jetstream_answers"]

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from memgate.contracts.base import Contract
+from memgate.contracts.errors import ForbiddenError, NotFoundError
 
 
 class Permission(StrEnum):
@@ -88,6 +89,16 @@ class SpaceAccess(Contract):
 
     def allows(self, permission: Permission) -> bool:
         return permission in self.permissions
+
+    def require(self, permission: Permission) -> SpaceAccess:
+        """This access if it allows `permission`. Else refused: NOT_FOUND when the caller may
+        not even view the space (its existence is not told), FORBIDDEN otherwise."""
+        if self.allows(permission):
+            return self
+        if not self.allows(Permission.CAN_VIEW):
+            raise NotFoundError("no such memory space")
+        raise ForbiddenError("your role in this memory space does not allow this",
+                             {"permission": permission.value})
 
 
 class Entity(Contract):

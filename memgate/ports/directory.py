@@ -1,4 +1,5 @@
-"""The directory actor as governance sees it: credentials resolved to principals."""
+"""The directory actor as the other actors see it: credentials resolved to principals
+(governance), members (spaces, erasure), retention (the reaper), owners (the registry)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from memgate.bus import subjects
-from memgate.contracts import Principal
-from memgate.contracts.internal import PrincipalRequest
+from memgate.contracts import Done, Principal
+from memgate.contracts.directory import MemberPrincipal, MemberRequest, NatsAgents
+from memgate.contracts.internal import OwnerCheck, PrincipalRequest, RetentionRequest, Retentions
 from memgate.ports.bus import Requester
 
 
@@ -40,6 +42,28 @@ class BusDirectory:
 
     def changed(self) -> None:
         return None
+
+    async def member(self, request: MemberRequest) -> MemberPrincipal:
+        """A member by token (who is calling), or by id within a workspace."""
+        return await self._bus.request(subjects.DIRECTORY_MEMBER, request, MemberPrincipal)
+
+    async def forget_member(self, workspace_id: str, member_id: str) -> None:
+        """An erasure's last step: the member's name goes, its tokens stop working."""
+        await self._bus.request(subjects.DIRECTORY_FORGET_MEMBER, MemberRequest(
+            workspace_id=workspace_id, member_id=member_id), Done)
+
+    async def retention(self) -> dict[str, int]:
+        """Every workspace's retentionDays."""
+        return (await self._bus.request(subjects.DIRECTORY_RETENTION, RetentionRequest(),
+                                        Retentions)).retention_days
+
+    async def owner_check(self, check: OwnerCheck) -> None:
+        """Refused unless the token is the workspace owner's or the operator's."""
+        await self._bus.request(subjects.DIRECTORY_OWNER_CHECK, check, Done)
+
+    async def nats_agents(self) -> NatsAgents:
+        """Every agent's NATS public key, for the nats-authority."""
+        return await self._bus.request(subjects.DIRECTORY_NATS_AGENTS, b"{}", NatsAgents)
 
 
 class PrincipalCache:

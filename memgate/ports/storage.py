@@ -1,4 +1,5 @@
-"""The storage actors as governance and recall see them: one partition per workspace."""
+"""The storage actors as the other actors see them: one partition per workspace (`BusStorage`),
+or one partition's actor (`PartitionStorage`) for the actors that work partition by partition."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Protocol
 
 from memgate.bus import subjects
 from memgate.contracts import ForgetResult, ListResult, RememberResult
+from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.internal import (
-    RecallFilters, RecallScope, RememberedAll, Rows, RowsRequest, StoreForget, StoreQuery,
-    StoreRemember, StoreRememberAll,
+    CatalogRequest, CatalogRows, OwnedText, Owner, Reaped, RecallFilters, RecallScope,
+    RememberedAll, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery, StoreReap,
+    StoreRemember, StoreRememberAll, Texts, TextsRequest,
 )
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import partition_of
@@ -30,6 +33,10 @@ class Storage(Protocol):
 
     async def rows(self, request: RowsRequest) -> Rows:
         """Those of the ids that still exist and that the filters still allow."""
+        ...
+
+    async def purge(self, command: StorePurge) -> ForgetResult:
+        """Every version of the tenant (or of its subject, or those ids), deleted at once."""
         ...
 
 
@@ -66,3 +73,36 @@ class BusStorage:
     async def rows(self, request: RowsRequest) -> Rows:
         return await self._bus.request(self._subject(request.filters.owner.tenant, "rows"),
                                        request, Rows)
+
+    async def purge(self, command: StorePurge) -> ForgetResult:
+        return await self._bus.request(self._subject(command.tenant, "purge"), command,
+                                       ForgetResult)
+
+
+class PartitionStorage:
+    """One partition's storage actor, over the bus: what its indexer and embedder read, and
+    what the reaper and the erasure ask of each partition in turn."""
+
+    def __init__(self, bus: Requester, partition: str) -> None:
+        self._bus = bus
+        self._partition = partition
+
+    def _subject(self, operation: str) -> str:
+        return subjects.store(self._partition, operation)
+
+    async def catalog(self, request: CatalogRequest) -> CatalogRows:
+        """The owner's versions after `request.after_seq` (with their texts if asked)."""
+        return await self._bus.request(self._subject("catalog"), request, CatalogRows)
+
+    async def texts(self, owner: Owner, memory_ids: list[str] | None = None) -> list[OwnedText]:
+        """The texts of those versions of the owner (None: every version it has)."""
+        return (await self._bus.request(self._subject("texts"), TextsRequest(
+            owner=owner, memory_ids=memory_ids), Texts)).items
+
+    async def subject(self, target: SubjectTarget) -> SubjectCount:
+        """An erasure's subject: its versions counted, or (`target.erase`) deleted."""
+        return await self._bus.request(self._subject("subject"), target, SubjectCount)
+
+    async def reap(self, command: StoreReap, *, timeout: float) -> Reaped:
+        """What retention allows no longer, deleted (the file rewritten: a long wait)."""
+        return await self._bus.request(self._subject("reap"), command, Reaped, timeout=timeout)

@@ -1,5 +1,9 @@
-"""What every actor shares: the `Actor` protocol, a serial worker thread, readiness."""
+"""What every actor shares: its lifecycle and endpoints (`ActorBase`), a serial worker thread,
+readiness."""
 
-from memgate.runtime.actor import Actor, Serial, partition_of, ready_route
+from memgate.runtime.actor import (
+    Actor, ActorBase, Endpoint, Opened, Serial, answered, partition_of, readiness,
+)
 
-__all__ = ["Actor", "Serial", "partition_of", "ready_route"]
+__all__ = ["Actor", "ActorBase", "Endpoint", "Opened", "Serial", "answered",
+           "partition_of", "readiness"]

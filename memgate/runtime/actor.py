@@ -1,4 +1,5 @@
-"""What every actor shares: a serial worker thread for its synchronous resources, and routing."""
+"""What every actor shares: its lifecycle, its endpoints as data, readiness, a serial worker
+thread for its synchronous resources, and routing."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import secrets
 import sys
 import threading
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, overload
 
 from memgate.cluster import fence
-from memgate.bus import NatsRouter, ok_bytes, parse, replying
+from memgate.bus import NatsRouter, ok_bytes, parse, replying, subjects
+from memgate.bus.replies import Endpoint, Handler
 from memgate.contracts import Contract, Envelope
 from memgate.contracts.errors import UnauthenticatedError
 from memgate.contracts.internal import Ready
 
 R = TypeVar("R")
+Listener = Callable[[bytes], Awaitable[None]]
 
 
 class Actor(Protocol):
@@ -27,7 +30,78 @@ class Actor(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
+    def endpoints(self) -> list[Endpoint]: ...
     def router(self) -> NatsRouter: ...
+
+
+class ActorBase:
+    """The lifecycle every actor shares. An actor declares what it answers (`endpoints`) and
+    what it only hears (`listeners`, by subject: published facts, no reply); its router, with
+    its readiness endpoint, is built from them here, and nowhere else. `start` opens what the
+    actor holds, `stop` closes it; both do nothing unless the actor has something to open."""
+
+    name: str
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def endpoints(self) -> list[Endpoint]:
+        return []
+
+    def listeners(self) -> dict[str, Listener]:
+        return {}
+
+    def router(self) -> NatsRouter:
+        router = NatsRouter()
+        for endpoint in [*self.endpoints(), readiness(self.name)]:
+            router.subscriber(endpoint.subject, endpoint.queue,
+                              max_workers=endpoint.max_workers)(replying(endpoint.handler))
+        for subject, listener in self.listeners().items():
+            router.subscriber(subject)(listener)
+        return router
+
+
+def answered(actors: Collection[Actor]) -> dict[str, Handler]:
+    """Every endpoint of `actors`, by subject: what a client of the same process may ask them
+    in process (`bus.client.BusClient(local=...)`)."""
+    return {endpoint.subject: endpoint.handler for actor in actors
+            for endpoint in actor.endpoints()}
+
+
+class Opened(Generic[R]):
+    """An attribute an actor sets in `start()` (a store, a model): read before, it raises
+    `RuntimeError` naming it, instead of passing None on."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, actor: None, owner: type) -> Opened[R]: ...
+    @overload
+    def __get__(self, actor: object, owner: type) -> R: ...
+
+    def __get__(self, actor: object | None, owner: type) -> Opened[R] | R:
+        if actor is None:
+            return self
+        try:
+            value: R = actor.__dict__[self._name]
+        except KeyError:
+            raise RuntimeError(f"{type(actor).__name__}.{self._name}: start() first") from None
+        return value
+
+    def __set__(self, actor: object, value: R) -> None:
+        actor.__dict__[self._name] = value
+
+    def opened(self, actor: object) -> bool:
+        return self._name in actor.__dict__
+
+    def take(self, actor: object) -> R | None:
+        """The value, no longer set (for `stop()` to close it), or None if never opened."""
+        value: R | None = actor.__dict__.pop(self._name, None)
+        return value
 
 
 # How much nicer a background thread is: under the 50-agent mix the embedding of new memories yields
@@ -84,31 +158,52 @@ def partition_of(workspace_id: str, partitions: int) -> str:
 EnvelopeHandler = Callable[[Envelope], Awaitable[Contract]]
 
 
-def enveloped(handler: EnvelopeHandler, *, operator: Callable[[], str] | None = None,
-              ) -> Callable[[bytes], Awaitable[Contract]]:
-    """A public command's handler: the envelope parsed first. With `operator` (the operator
-    token's SHA-256 hex, read at each call), refused unless the envelope carries that token."""
+class Operator:
+    """The operator token that admin endpoints require, kept as its SHA-256 hex and read when
+    the actor starts (`memgate up` may generate the token at its first start)."""
+
+    def __init__(self, token: Callable[[], str]) -> None:
+        self._token = token
+        self._digest = ""
+
+    def load(self) -> None:
+        self._digest = hashlib.sha256(self._token().encode()).hexdigest()
+
+    def is_digest(self, digest: str) -> bool:
+        return bool(self._digest) and secrets.compare_digest(digest, self._digest)
+
+    def is_token(self, token: str | None) -> bool:
+        return bool(token) and self.is_digest(hashlib.sha256((token or "").encode()).hexdigest())
+
+    def only(self, handler: EnvelopeHandler) -> Handler:
+        """`handler` behind `enveloped`, refused unless the envelope carries the token."""
+        return enveloped(handler, operator=self)
+
+
+def enveloped(handler: EnvelopeHandler, *, operator: Operator | None = None) -> Handler:
+    """A public command's handler: the envelope parsed first. With `operator`, refused unless
+    the envelope carries the operator token."""
 
     async def handle(payload: bytes) -> Contract:
         envelope = parse(Envelope, payload)
-        if operator is not None:
-            given = hashlib.sha256((envelope.token or "").encode()).hexdigest()
-            if not envelope.token or not secrets.compare_digest(given, operator()):
-                raise UnauthenticatedError("the operator token is required")
+        if operator is not None and not operator.is_token(envelope.token):
+            raise UnauthenticatedError("the operator token is required")
         return await handler(envelope)
 
     handle.__name__ = handler.__name__
     return handle
 
 
-def ready_route(router: NatsRouter, subject: str, name: str) -> None:
-    """Answer readiness probes for `name` (the REST `/healthz` asks every actor)."""
+def readiness(name: str) -> Endpoint:
+    """The endpoint that answers readiness probes for the actor `name` (the REST `/healthz`
+    asks every actor)."""
+    ready = Ready(actor=name)
 
-    async def ready(payload: bytes) -> Ready:
-        return Ready(actor=name)
+    async def answer(payload: bytes) -> Ready:
+        return ready
 
-    router.subscriber(subject)(replying(ready))
+    return Endpoint(subjects.ready(name), answer)
 
 
-__all__ = ["Actor", "EnvelopeHandler", "Serial", "enveloped", "ok_bytes", "partition_of",
-           "ready_route"]
+__all__ = ["Actor", "ActorBase", "Endpoint", "EnvelopeHandler", "Listener", "Opened", "Operator",
+           "Serial", "answered", "enveloped", "ok_bytes", "partition_of", "readiness"]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 
@@ -93,8 +93,34 @@ _UNSENT = (
     "WHERE seq > greatest(?, (SELECT max(up_to) FROM relayed)) ORDER BY seq LIMIT ?")
 
 
+class _Inserted(NamedTuple):
+    """A row of `_MEMORIES`, its values in the statement's column order."""
+
+    memory_id: str
+    seq: int
+    tenant: str
+    subject_id: str
+    credential_id: str | None
+    namespace: str | None
+    key: str | None
+    collection_id: str | None
+    text: str
+    derived_from: list[str]
+    created_at: datetime
+    superseded_at: datetime | None
+    expires_at: datetime | None
+    citations: str  # JSON
+    member_id: str | None
+    extras: str | None  # JSON
+
+    def version(self) -> Version:
+        return Version(self.memory_id, self.seq, self.tenant, self.subject_id,
+                       self.namespace or "", self.key, self.collection_id, self.text,  # NOT NULL
+                       self.created_at, self.superseded_at, self.citations, self.extras)
+
+
 def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
-            rows: list[tuple[Any, ...]]) -> None:
+            rows: Sequence[tuple[Any, ...]]) -> None:
     into, row, unnested = statement
     if len(rows) <= _ROWS_BOUND:
         db.execute(f"{into} VALUES {', '.join([row] * len(rows))}",
@@ -288,12 +314,12 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                     superseding[position] = 1
                 newest[key] = position
         rows = [
-            (item.memory_id, first + position, item.filters.tenant, item.filters.subject_id,
-             item.credential_id, item.filters.namespace, item.filters.key,
-             item.filters.collection_id, item.text,
-             [*(c["passageId"] for c in item.citations), *item.derived_from],
-             created, superseded_at[position], item.expires(created),
-             json.dumps(list(item.citations)), item.writer, item.extras)
+            _Inserted(item.memory_id, first + position, item.filters.tenant,
+                      item.filters.subject_id, item.credential_id, item.filters.namespace,
+                      item.filters.key, item.filters.collection_id, item.text,
+                      [*(c["passageId"] for c in item.citations), *item.derived_from],
+                      created, superseded_at[position], item.expires(created),
+                      json.dumps(list(item.citations)), item.writer, item.extras)
             for position, (_, item, created) in enumerate(accepted)]
         if newest:  # superseding: the UPDATE and the INSERT commit together
             with transaction(db):
@@ -307,9 +333,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                                      created_at=created.replace(tzinfo=UTC),
                                      superseded=superseding[position])
         written = _Written(
-            versions=[Version(row[0], row[1], row[2], row[3], row[5] or "",  # NOT NULL
-                              row[6], row[7], row[8], row[10], row[11], row[13], row[15])
-                      for row in rows],
+            versions=[row.version() for row in rows],
             superseded=superseded)
         return [o for o in outcomes if o is not None], [
             (item.credential_id, (item.filters.tenant, item.writer), created)
@@ -337,9 +361,9 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             "memories.memory_id, memories.superseded_at",
             [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
              [k[3] for k in keys], [accepted[firsts[k]][2] for k in keys]]).fetchall()
-        for row in rows:
-            superseding[firsts[(row[0], row[1], row[2], row[3])]] += 1
-        return [(row[4], row[5]) for row in rows]
+        for tenant, subject_id, namespace, key, _, _ in rows:
+            superseding[firsts[(tenant, subject_id, namespace, key)]] += 1
+        return [(memory_id, at) for *_, memory_id, at in rows]
 
     def delete(self, tenant: str, subject_id: str | None = None, *, memory_id: str | None = None,
                namespace: str | None = None, key: str | None = None,

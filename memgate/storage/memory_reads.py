@@ -8,17 +8,17 @@ from typing import Any
 
 import duckdb
 
-from memgate.storage.memory_rows import Filters, Row, aware, allows, naive, row_of
+from memgate.storage.memory_rows import CatalogRow, Filters, Row, aware, allows, naive, row_of
 from memgate.storage.recent import Recent, Version
 
 _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at, "
             "citations, extras")
 
 
-def _catalog_row(v: Version, texts: bool) -> tuple[Any, ...]:
-    return (v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
-            v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False,
-            v.text if texts else None)
+def _catalog_row(v: Version, texts: bool) -> CatalogRow:
+    return CatalogRow(v.memory_id, v.seq, v.namespace, v.key, v.collection_id,
+                      v.created_at.replace(tzinfo=UTC), aware(v.superseded_at), False,
+                      v.text if texts else None)
 
 
 class MemoryReads:
@@ -139,10 +139,9 @@ class MemoryReads:
         return [row_of(v) for v in found], unknown
 
     def catalog(self, tenant: str, subject_id: str, after_seq: int, *,
-                texts: bool = False) -> list[tuple[Any, ...]]:
-        """The owner's versions above `after_seq`, oldest first: (memory_id, seq, namespace,
-        key, collection_id, created_at, superseded_at, legal_hold, text); the text only when
-        asked (else None: a first load of thousands of rows needs none)."""
+                texts: bool = False) -> list[CatalogRow]:
+        """The owner's versions above `after_seq`, oldest first; the text only when asked
+        (else None: a first load of thousands of rows needs none)."""
         if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
             return [_catalog_row(v, texts) for v in held]
         rows = self._db.execute(
@@ -150,10 +149,11 @@ class MemoryReads:
             f"legal_hold, {'text' if texts else 'NULL'} FROM memories WHERE tenant = ? "
             "AND subject_id = ? AND seq > ? ORDER BY seq", [tenant, subject_id, after_seq]
         ).fetchall()
-        return [(*r[:5], r[5].replace(tzinfo=UTC), aware(r[6]), *r[7:]) for r in rows]
+        return [CatalogRow(r[0], r[1], r[2], r[3], r[4], r[5].replace(tzinfo=UTC), aware(r[6]),
+                           r[7], r[8]) for r in rows]
 
     def known_catalog(self, tenant: str, subject_id: str, after_seq: int, *,
-                      texts: bool = False) -> tuple[int, list[tuple[Any, ...]]] | None:
+                      texts: bool = False) -> tuple[int, list[CatalogRow]] | None:
         """(`high_seq`, `catalog`) from memory, as of one instant; None when either needs the
         file."""
         if (known := self._mirror.catalog((tenant, subject_id), after_seq)) is None:

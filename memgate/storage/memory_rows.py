@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from memgate.storage.recent import Version
 
@@ -26,6 +26,21 @@ class Row:
     superseded_at: datetime | None
     citations: str  # JSON
     extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
+
+
+class CatalogRow(NamedTuple):
+    """A version as the indexer's and embedder's catalogs take it (`MemoryReads.catalog`); the
+    text only when asked."""
+
+    memory_id: str
+    seq: int
+    namespace: str
+    key: str | None
+    collection_id: str | None
+    created_at: datetime  # aware UTC
+    superseded_at: datetime | None
+    legal_hold: bool
+    text: str | None
 
 
 @dataclass(frozen=True)
