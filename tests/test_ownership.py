@@ -113,3 +113,24 @@ async def test_a_stopped_owner_whose_lease_was_taken_commits_nothing_and_serves_
 
 async def _dead(pid: int) -> bool:
     return not alive(pid)
+
+
+def test_a_lease_held_by_a_process_that_exited_unreaped_is_taken_over(tmp_path: Path) -> None:
+    """A container whose PID 1 reaps nobody keeps a killed holder as a zombie: it has exited,
+    so its lease is free (found by CI: the next `memgate up` after a kill -9 was refused)."""
+    import subprocess
+
+    from memgate.cluster.lease import Lease
+    from memgate.cluster.ownership import Disk
+
+    disk = Disk.of(tmp_path, "n1")
+    exited = subprocess.Popen(["true"])
+    try:
+        while alive(exited.pid):
+            time.sleep(0.01)
+        lease = Lease("directory", "n1", 1, 1, about={**disk.about(), "pid": exited.pid})
+        assert disk.held_by_a_dead_process_here(lease)
+        living = Lease("directory", "n1", 1, 1, about={**disk.about(), "pid": os.getppid()})
+        assert not disk.held_by_a_dead_process_here(living)
+    finally:
+        exited.wait()

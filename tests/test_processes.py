@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from memgate.bus.lifetime import alive
 from memgate.bus import MemgateClient
 from memgate.contracts.errors import MemgateError
 from tests.conftest import ADMIN_TOKEN, eventually, free_port
@@ -61,14 +62,6 @@ def group_pid(up: Up, group: str) -> int | None:
         if f"--group {group} " in cmdline:
             return pid
     return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
 
 
 async def healthy(http: httpx.AsyncClient) -> bool:

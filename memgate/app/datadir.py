@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from memgate.bus.lifetime import alive
+
 LOCK = ".lock"
 RUN = "run"  # run/nats.json, run/http.json: where a running memgate listens
 # After a kill -9, how long the processes of the memgate that was killed may take to stop
@@ -65,20 +67,6 @@ def make_private(data_dir: Path) -> None:
             os.chmod(entry.path, 0o600)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # exited, not yet reaped
-
-
 def _holder(fd: int) -> int | None:
     try:
         return int(os.pread(fd, 32, 0).decode().strip() or "x")
@@ -99,7 +87,7 @@ def lock(data_dir: Path, *, wait_s: float = ORPHANS_WAIT_S) -> int:
             break
         except BlockingIOError:
             holder = _holder(fd)
-            if holder is not None and _alive(holder):
+            if holder is not None and alive(holder):
                 os.close(fd)
                 raise DataDirError(f"memgate (pid {holder}) already runs on {data_dir}; "
                                    "stop it first, or give another --data-dir") from None

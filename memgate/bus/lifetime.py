@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -39,3 +40,19 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
 
 
 __all__ = ["die_with_parent"]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: one that exited is not, though its parent has not reaped it
+    (a zombie, which `kill(pid, 0)` still finds: a container's PID 1 often reaps nobody)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # exited, not yet reaped

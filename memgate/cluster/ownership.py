@@ -38,6 +38,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from memgate.bus.lifetime import alive
 from memgate.bus.logins import SINGLE_WRITERS, owned, single_writers
 from memgate.bus.streams import raise_replicas, until_jetstream_answers
 from memgate.cluster import fence
@@ -101,13 +102,7 @@ class Disk:
             return False
         if not isinstance(pid, int) or pid == self.pid:
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, someone else's
-            return False
-        return False
+        return not alive(pid)
 
 
 async def homes_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
