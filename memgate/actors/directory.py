@@ -22,6 +22,7 @@ from memgate.bus.subjects import Admin
 from memgate.ports.bus import Announcer, Requester
 from memgate.ports.registry import BusRegistry
 from memgate.ports.storage import BusStorage
+from memgate.ports.services import BusOperations
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.bus.server import new_agent_seed
 from memgate.contracts import (
@@ -38,7 +39,7 @@ from memgate.contracts.directory import (
     Credentials, CredentialView, Me, MemberPrincipal, MemberRequest, Members,
 )
 from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, StorePurge, StoreQuery
-from memgate.contracts.internal import Reaped, Retentions
+from memgate.contracts.internal import Retentions
 from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
 from memgate.policy.authorisation import refuse_personal_data
 
@@ -82,10 +83,12 @@ class DirectoryActor(ActorBase):
         self._nats_authority = nats_authority
         self._partitions = partitions
         self._bus = bus
+        self._registry = BusRegistry(bus)
+        self._operations = BusOperations(bus)
         self._storage = BusStorage(bus, partitions=partitions)
         self._admin = Operator(admin_token)
         self._serial = Serial("directory")
-        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
+        self._dumps = dumps(self, self._serial)  # backups
         self._sweeps: set[asyncio.Task[None]] = set()  # reaper sweeps asked for, not awaited
 
     async def start(self) -> None:
@@ -180,7 +183,7 @@ class DirectoryActor(ActorBase):
         for its next scheduled sweep)."""
         async def sweep() -> None:
             try:
-                await self._bus.request(subjects.REAPER_SWEEP, b"{}", Reaped, timeout=300)
+                await self._operations.sweep()
             except Exception as exc:
                 log.warning("directory: the reaper was not reached (%s)", type(exc).__name__)
 
@@ -331,7 +334,7 @@ class DirectoryActor(ActorBase):
         await self._serial(self._member, envelope)  # authenticate before revealing a context set
         body = parse(CreateCredential, envelope.body)
         if body.context_set_id is not None:
-            scope = await BusRegistry(self._bus).scope(envelope.params.get("wsId", ""),
+            scope = await self._registry.scope(envelope.params.get("wsId", ""),
                                                        body.context_set_id)
             if not scope.exists:
                 raise NotFoundError("no such context set", {"field": "contextSetId"})
@@ -402,7 +405,7 @@ class DirectoryActor(ActorBase):
         `UnavailableError`). Joined to an external NATS without a nats-authority, the operator
         manages that server's users instead."""
         try:
-            await self._bus.request(subjects.NATS_RELOAD, await self.nats_agents(b""), Done)
+            await self._operations.reload_nats(await self.nats_agents(b""))
         except UnavailableError:
             if self._nats_authority:
                 raise

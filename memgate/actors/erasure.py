@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from memgate.bus.subjects import Admin
-from memgate.bus import parse, subjects
+from memgate.bus import parse
 from memgate.contracts import Contract, Envelope
-from memgate.contracts.backup import AuditAppend, AuditAppended
+from memgate.contracts.backup import AuditAppend
 from memgate.contracts.directory import MemberRequest
 from memgate.contracts.erasure import (
     LAYERS, Decide, Drop, ErasureIntake, ErasureMetrics, ErasureRequests, ErasureView, Evidence,
@@ -35,6 +35,8 @@ from memgate.contracts.internal import Owner
 from memgate.ports.bus import Requester
 from memgate.ports.spaces import BusSpaces
 from memgate.ports.directory import BusDirectory
+from memgate.ports.ranking import BusRankers
+from memgate.ports.services import BusAudit, BusKeys, BusSessions
 from memgate.ports.storage import PartitionStorage
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial, partition_of
 from memgate.policy.masking import mask
@@ -47,25 +49,28 @@ AUDIT_IDS_MAX = 10_000  # record ids per audit entry (AuditAppend's limit)
 Clock = Callable[[], datetime]
 
 
+Count = Callable[[SubjectTarget], Awaitable[SubjectCount]]
+
+
 @dataclass(frozen=True)
 class Layer:
-    """One layer of §5.2: the subject it answers on (None: it holds nothing by design), and
-    how its erasure works, for the evidence."""
+    """One layer of §5.2: who counts and erases what it holds, per partition (None: it holds
+    nothing by design), and how its erasure works, for the evidence."""
 
     name: str
-    subject: Callable[[str], str] | None  # partition → subject
+    holder: Callable[[str], Count] | None  # partition → its holder's count
     how: str
 
 
-def _layers() -> dict[str, Layer]:
-    keys = subjects.keys_internal("subject")
+def _layers(bus: Requester, storage: Callable[[str], PartitionStorage]) -> dict[str, Layer]:
+    keys, sessions = BusKeys(bus).subject, BusSessions(bus).subject
     return {layer.name: layer for layer in (
-        Layer("memory_store", lambda p: subjects.store(p, "subject"),
+        Layer("memory_store", lambda p: storage(p).subject,
               "deleted in the partition's DuckDB file, then the file compacted"),
-        Layer("vector_index", lambda p: subjects.store(p, "subject"),
+        Layer("vector_index", lambda p: storage(p).subject,
               "dropped by the indexer and the embedder before completion: the owner's Tantivy "
               "index rebuilt without them, their vectors deleted, their catalog rows forgotten"),
-        Layer("conversation_logs", lambda p: subjects.sessions_internal("subject"),
+        Layer("conversation_logs", lambda p: sessions,
               "session events deleted, the file compacted"),
         Layer("traces_logs", None,
               "none held: memgate writes ids and error codes to its logs and traces, never "
@@ -82,13 +87,16 @@ class ErasureActor(ActorBase):
     def __init__(self, *, path: Path, bus: Requester, admin_token: Callable[[], str],
                  partitions: int = 1, now: Clock = lambda: datetime.now(UTC)) -> None:
         self._path = path
-        self._bus = bus
         self._directory = BusDirectory(bus)
         self._spaces = BusSpaces(bus)
+        self._sessions = BusSessions(bus)
+        self._audit = BusAudit(bus)
+        self._rankers = BusRankers(bus, partitions=partitions)
         self._operator = Operator(admin_token)
         self._partitions = partitions
         self._now = now
-        self._layers = _layers()
+        self._storage = {f"p{i}": PartitionStorage(bus, f"p{i}") for i in range(partitions)}
+        self._layers = _layers(bus, self._storage.__getitem__)
         assert tuple(self._layers) == LAYERS
         self._serial = Serial("erasure")
         self._running: set[asyncio.Task[None]] = set()
@@ -200,8 +208,7 @@ class ErasureActor(ActorBase):
             return target
         counting = target.model_copy(update={"erase": False})
         found = await self._spaces.subject(counting)
-        logs = await self._bus.request(subjects.sessions_internal("subject"), counting,
-                                       SubjectCount)
+        logs = await self._sessions.subject(counting)
         return target.model_copy(update={"owners": found.owners,
                                          "derived_from": logs.record_ids})
 
@@ -216,7 +223,7 @@ class ErasureActor(ActorBase):
         for layer in self._layers.values():
             if layer.name in holds:
                 continue
-            if layer.subject is None:
+            if layer.holder is None:
                 counts[layer.name] = (0, [])
             elif layer.name == "vector_index":  # derived from the memory store's records
                 counts[layer.name] = await self._vectors(
@@ -224,7 +231,7 @@ class ErasureActor(ActorBase):
             elif layer.name == "backups" and "eval_exports" in counts and erase:
                 counts[layer.name] = counts["eval_exports"]  # one key shreds both
             else:
-                answer = await self._bus.request(layer.subject(partition), target, SubjectCount)
+                answer = await layer.holder(partition)(target)
                 stored[layer.name] = answer
                 counts[layer.name] = (answer.count, answer.record_ids)
             if done is not None:
@@ -241,14 +248,13 @@ class ErasureActor(ActorBase):
         the erased versions now (idempotent with the events that drop them too), so nothing of
         the subject is left in an index or a catalog in memory when the erasure completes."""
         if memories is None:  # the memory store is on hold: count only
-            memories = await PartitionStorage(self._bus, partition).subject(
+            memories = await self._storage[partition].subject(
                 target.model_copy(update={"erase": False}))
         if not target.erase:
             return memories.count, memories.record_ids
         for owner, ids in memories.by_owner.items():  # gone from both once they answer
             drop = Drop(owner=Owner(tenant=target.tenant, subject_id=owner), memory_ids=ids)
-            await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount)
-            await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)
+            await self._rankers.drop(drop)
         return memories.count, memories.record_ids
 
     async def _execute(self, row: RequestRow) -> None:
@@ -257,10 +263,10 @@ class ErasureActor(ActorBase):
         async def done(layer: str, count: int, record_ids: list[str]) -> None:
             row.evidence.append(Evidence(layer=layer, erased=count, at=self._now(),
                                          how=self._layers[layer].how).model_dump(mode="json"))
-            await self._bus.request(subjects.AUDIT_APPEND, AuditAppend(
+            await self._audit.append(AuditAppend(
                 action="erasure.layer", actor=self.name, tenant=row.workspace_id,
                 subject_id=self._reference(row), layer=layer, count=count,
-                record_ids=record_ids[:AUDIT_IDS_MAX], source=row.request_id), AuditAppended)
+                record_ids=record_ids[:AUDIT_IDS_MAX], source=row.request_id))
             await self._serial(self.store.save, row)  # progress, visible to `GET`
 
         try:

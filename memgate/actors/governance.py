@@ -28,6 +28,7 @@ from memgate.ports.bus import Requester
 from memgate.ports.directory import BusDirectory, Directory, PrincipalCache
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
+from memgate.ports.services import BusRecall
 from memgate.runtime.actor import ActorBase, Endpoint, Listener
 from memgate.storage.directory import hash_token
 
@@ -43,7 +44,7 @@ class GovernanceActor(ActorBase):
     name = "governance"
 
     def __init__(self, *, directory: Directory, registry: Registry, storage: Storage,
-                 recall: Requester, serves: Collection[str] = PUBLIC_COMMANDS) -> None:
+                 recall: BusRecall, serves: Collection[str] = PUBLIC_COMMANDS) -> None:
         self._directory = directory
         self._registry = registry
         self._storage = storage
@@ -57,7 +58,8 @@ class GovernanceActor(ActorBase):
         principals it resolves are kept until the directory announces a change. It takes the
         public commands `serves`."""
         return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
-                   storage=BusStorage(bus, partitions=partitions), recall=bus, serves=serves)
+                   storage=BusStorage(bus, partitions=partitions), recall=BusRecall(bus),
+                   serves=serves)
 
     def endpoints(self) -> list[Endpoint]:
         """The public commands it takes (`serves`): from the bus, and from the REST and MCP
@@ -151,4 +153,4 @@ class GovernanceActor(ActorBase):
                 collection_ids=await self._scope(principal, request.collection_id),
                 context_set_id=principal.context_set_id, as_of=request.as_of,
                 limit=request.limit)
-        return await self._recall.request(subjects.recall_internal(), query, RecallResult)
+        return await self._recall.recall(query)

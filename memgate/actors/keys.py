@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 
@@ -31,7 +31,7 @@ from memgate.bus import parse, subjects
 from memgate.contracts import Envelope
 from memgate.contracts.base import canonical_id
 from memgate.contracts.backup import (
-    AuditAppend, AuditAppended, BackupBegin, BackupEnd, BackupLines, BackupManifest, BackupPage,
+    AuditAppend, BackupBegin, BackupEnd, BackupLines, BackupManifest, BackupPage,
     DumpBegin, DumpPage, DumpRows, DumpTables,
 )
 from memgate.contracts.directory import Done
@@ -40,6 +40,7 @@ from memgate.contracts.errors import (
     MemgateError, NotFoundError, UnavailableError,
 )
 from memgate.ports.bus import Requester
+from memgate.ports.services import BusAudit, BusDumps
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial
 from memgate.storage import backup
 from memgate.storage.keys import KeyStore
@@ -49,19 +50,34 @@ log = logging.getLogger("memgate.keys")
 SESSION_IDLE_S = backup.SNAPSHOT_IDLE_S
 
 
-def dumps(owner: str, serial: Serial,
-          db: Callable[[], duckdb.DuckDBPyConnection]) -> list[Endpoint]:
-    """The endpoints by which the keys actor reads this owner's DuckDB file for a backup, in
-    one snapshot, on the owner's `serial` thread and current connection `db`; the tables are
-    those `storage.backup` registers for the owner. Made once per owner: they share its
+class OneFile(Protocol):
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection: ...
+
+
+class HoldsOneFile(Protocol):
+    """An actor whose store is one DuckDB file: `name` its owner's name, as backups know it."""
+
+    name: str
+
+    @property
+    def store(self) -> OneFile: ...
+
+
+def dumps(actor: HoldsOneFile, serial: Serial) -> list[Endpoint]:
+    """The endpoints by which the keys actor reads `actor`'s DuckDB file for a backup, in one
+    snapshot, on the actor's `serial` thread and its store's current connection; the tables
+    are those `storage.backup` registers for the owner. Made once per owner: they share its
     snapshots."""
+    owner = actor.name
     source = backup.source(owner)
     snapshots = backup.Snapshots()
     tables: dict[str, dict[str, backup.TableInfo]] = {}
 
     async def begin(payload: bytes) -> DumpTables:
         request = parse(DumpBegin, payload)
-        found, skipped = await serial(snapshots.begin, db(), request.snapshot, source)
+        found, skipped = await serial(snapshots.begin, actor.store.connection,
+                                      request.snapshot, source)
         tables[request.snapshot] = {t.name: t for t in found}
         return DumpTables(tables=[t.to_json() for t in found], skipped=skipped)
 
@@ -105,6 +121,8 @@ class KeysActor(ActorBase):
                  partitions: list[str]) -> None:
         self._root = root
         self._bus = bus
+        self._audit_log = BusAudit(bus)
+        self._dumps_of = BusDumps(bus)
         self._operator = Operator(admin_token)
         self._partitions = partitions
         self._serial = Serial("keys")
@@ -155,7 +173,7 @@ class KeysActor(ActorBase):
 
     async def _audit(self, entry: AuditAppend) -> None:
         try:
-            await self._bus.request(subjects.AUDIT_APPEND, entry, AuditAppended)
+            await self._audit_log.append(entry)
         except MemgateError as failure:  # the audit actor down: the work stands, logged
             log.warning("audit entry %s not written: %s", entry.action, failure.code)
 
@@ -171,8 +189,7 @@ class KeysActor(ActorBase):
             if request.mode == "export" and not source.owner.startswith("storage."):
                 continue
             try:
-                found = await self._bus.request(subjects.dump(source.owner, "begin"),
-                                                DumpBegin(snapshot=backup_id), DumpTables)
+                found = await self._dumps_of.begin(source.owner, backup_id)
             except UnavailableError:  # no owner answers: not registered (yet), or down
                 skipped.append(f"{source.file}: its owner {source.owner} does not answer")
                 continue
@@ -197,10 +214,9 @@ class KeysActor(ActorBase):
         if found is None:
             raise NotFoundError("no such table in this backup")
         source, info = found
-        rows = (await self._bus.request(
-            subjects.dump(source.owner, "page"),
-            DumpPage(snapshot=request.backup_id, table=info.name, offset=request.offset,
-                     limit=backup.PAGE_ROWS), DumpRows)).rows
+        rows = (await self._dumps_of.page(source.owner, DumpPage(
+            snapshot=request.backup_id, table=info.name, offset=request.offset,
+            limit=backup.PAGE_ROWS))).rows
         lines: list[dict[str, Any]]
         if session.mode == "export":
             lines = await self._serial(backup.export_rows, self.keys, info, rows,
@@ -223,8 +239,7 @@ class KeysActor(ActorBase):
         session = self._sessions.pop(backup_id)
         for owner in session.owners:
             with contextlib.suppress(MemgateError):  # else the owner closes it when idle
-                await self._bus.request(subjects.dump(owner, "end"),
-                                        DumpBegin(snapshot=backup_id), Done)
+                await self._dumps_of.end(owner, backup_id)
 
     def _expire(self) -> None:
         now = time.monotonic()

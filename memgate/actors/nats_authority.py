@@ -27,7 +27,7 @@ class NatsAuthorityActor(ActorBase):
 
     def __init__(self, *, server: EmbeddedNats, bus: BusClient, logins: Sequence[Login]) -> None:
         self._server = server
-        self._bus = bus
+        self._directory = BusDirectory(bus)
         self._logins = tuple(logins)  # the internal users, kept in every configuration
 
     def endpoints(self) -> list[Endpoint]:
@@ -45,10 +45,10 @@ class NatsAuthorityActor(ActorBase):
         """At start: load the agents the directory already knows (waiting for it to listen)."""
         for _ in range(attempts - 1):
             try:
-                agents = await BusDirectory(self._bus).nats_agents()
+                agents = await self._directory.nats_agents()
                 break
             except UnavailableError:
                 await asyncio.sleep(SYNC_RETRY_S)
         else:
-            agents = await BusDirectory(self._bus).nats_agents()
+            agents = await self._directory.nats_agents()
         await self.apply(agents)

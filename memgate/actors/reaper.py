@@ -50,8 +50,9 @@ class ReaperActor(ActorBase):
     def __init__(self, *, bus: Requester, partitions: int, interval_s: float,
                  now: Callable[[], datetime] = utc_now,
                  first_sweep_s: float = FIRST_SWEEP_S) -> None:
-        self._bus = bus
+        self._directory = BusDirectory(bus)
         self._partitions = [f"p{i}" for i in range(partitions)]
+        self._storage = {p: PartitionStorage(bus, p) for p in self._partitions}
         self._count = partitions
         self._interval = interval_s
         self._first = first_sweep_s
@@ -76,12 +77,12 @@ class ReaperActor(ActorBase):
     async def sweep(self) -> int:
         """Reap every partition at `now()`: how many versions were deleted."""
         now = self._now()
-        retention = await BusDirectory(self._bus).retention()
+        retention = await self._directory.retention()
         by_partition: dict[str, dict[str, int]] = {p: {} for p in self._partitions}
         for workspace_id, days in retention.items():
             by_partition[partition_of(workspace_id, self._count)][workspace_id] = days
         reaped = await asyncio.gather(*(
-            PartitionStorage(self._bus, partition).reap(
+            self._storage[partition].reap(
                 StoreReap(now=now, retention_days=by_partition[partition]),
                 timeout=REAP_TIMEOUT_S)
             for partition in self._partitions))

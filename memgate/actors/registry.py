@@ -46,9 +46,9 @@ class RegistryActor(ActorBase):
 
     def __init__(self, *, path: Path, bus: Requester, publisher: Publisher) -> None:
         self._path = path
-        self._bus = bus
+        self._directory = BusDirectory(bus)
         self._serial = Serial(self.name)
-        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
+        self._dumps = dumps(self, self._serial)  # backups
         self._relay = OutboxRelay(publisher, prefix=self.name,
                                   pending=lambda: self._serial(self.store.pending_events),
                                   sent=lambda seq: self._serial(self.store.events_sent, seq))
@@ -84,7 +84,7 @@ class RegistryActor(ActorBase):
             envelope = parse(Envelope, payload)
             check = OwnerCheck(token_hash=hash_token(envelope.token or ""),
                                workspace_id=envelope.params.get("wsId", ""))
-            await BusDirectory(self._bus).owner_check(check)
+            await self._directory.owner_check(check)
             return await handler(envelope)
 
         handle.__name__ = handler.__name__

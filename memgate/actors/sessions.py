@@ -42,7 +42,7 @@ from memgate.contracts.errors import (
 )
 from memgate.contracts.sessions import (
     MAX_BATCH, OBJECT_ID, CreateSession, EditEvent, Emitter, EventBatch, EventIn, EventList,
-    EventsQuery, EventView, ExtractEvent, Extracted, ExtractRequest, LifecycleRun, NoBody,
+    EventsQuery, EventView, ExtractEvent, ExtractRequest, LifecycleRun, NoBody,
     PatchSession, SessionView, SpaceDeleted, Strategy, Trigger,
 )
 from memgate.contracts.spaces import Permission, SpaceAccess
@@ -52,6 +52,7 @@ from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
 from memgate.ports.bus import Requester
 from memgate.ports.spaces import BusSpaces
+from memgate.ports.services import BusExtraction
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.quotas import EVENTS, SESSIONS, Quota
@@ -62,7 +63,6 @@ log = logging.getLogger("memgate.sessions")
 Clock = Callable[[], datetime]
 Handler = Callable[[Envelope], Awaitable[Contract]]
 
-EXTRACT_SUBJECT = subjects.space_memories_internal("extract")
 REPLY_BUDGET_BYTES = 4 * 1024 * 1024  # event bodies in one reply (the bus carries 8 MiB)
 TICK = timedelta(milliseconds=1)  # instants are kept to the millisecond, as JSON clients send them
 DEFAULT_RULES = lifecycle.Rules()
@@ -148,10 +148,10 @@ class SessionsActor(ActorBase):
         self._now = now
         self._interval_s = interval_s
         self._retry_s, self._retry_max_s = retry_s, retry_max_s
-        self._extract_timeout_s = extract_timeout_s
+        self._extraction = BusExtraction(bus, timeout_s=extract_timeout_s)
         self._purge_after = timedelta(seconds=purge_after_s)
         self._serial = Serial(self.name)
-        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
+        self._dumps = dumps(self, self._serial)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._running = asyncio.Lock()
@@ -478,8 +478,7 @@ class SessionsActor(ActorBase):
                                      text=extract_text(e.emitter_type, e.body))
                         for e in events])
             try:
-                await self._bus.request(EXTRACT_SUBJECT, request, Extracted,
-                                        timeout=self._extract_timeout_s)
+                await self._extraction.extract(request)
             except Exception as exc:  # LLM down, timeout, malformed answer: later, again
                 self._failed(session_id, strategy.type, now, exc)
                 return False

@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from memgate.bus import parse, subjects
-from memgate.contracts import Contract, Envelope, Memory, RecallResult, RememberResult
+from memgate.contracts import Contract, Envelope, Memory, RememberResult
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.errors import (
     AgentMemoryEmptyError, MemgateError, NotFoundError, UnavailableError, UnprocessableError,
@@ -67,6 +67,7 @@ from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel, unavailable
 from memgate.ports.spaces import BusSpaces, Spaces
 from memgate.ports.storage import BusStorage, Storage
+from memgate.ports.services import BusRecall
 from memgate.runtime.actor import ActorBase, Endpoint, enveloped
 
 log = logging.getLogger("memgate.space-memories")
@@ -254,6 +255,7 @@ class SpaceMemoriesActor(ActorBase):
     def __init__(self, *, bus: Requester, storage: Storage, chat: ChatModel,
                  extract_timeout_s: float | None = None) -> None:
         self._bus = bus
+        self._recall = BusRecall(bus)
         self._spaces: Spaces = BusSpaces(bus)
         self._storage = storage
         self._chat = chat
@@ -472,10 +474,10 @@ class SpaceMemoriesActor(ActorBase):
             allowed = await self._scope(access.space_id, body.filters)
         if (allowed is not None and not allowed) or chosen == []:
             return SearchResults(results=[])
-        found = await self._bus.request(subjects.recall_internal(), RecallQuery(
+        found = await self._recall.recall(RecallQuery(
             owner=_owner(access.workspace_id, access.space_id),
             query=mask(body.query).text, namespaces=allowed, memory_ids=chosen,
-            limit=body.top_k or body.limit or DEFAULT_TOP_K), RecallResult)
+            limit=body.top_k or body.limit or DEFAULT_TOP_K))
         kept = [m for m in found.memories
                 if body.threshold is None or m.score >= body.threshold]
         entities = await self._entities(access.space_id, kept)

@@ -36,6 +36,7 @@ from memgate.policy.mem0 import compile_filters, namespaces
 from memgate.ports.bus import Requester
 from memgate.ports.directory import BusDirectory
 from memgate.ports.storage import BusStorage
+from memgate.ports.services import BusSessions
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
@@ -75,13 +76,14 @@ class SpacesActor(ActorBase):
         self._path = path
         self._quota = quota
         self._bus = bus
+        self._sessions = BusSessions(bus)
         self._directory = BusDirectory(bus)
         self._storage = BusStorage(bus, partitions=partitions)
         self._partitions = partitions
         self._llm_models = tuple(llm_models)
         self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
-        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
+        self._dumps = dumps(self, self._serial)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
 
     async def start(self) -> None:
@@ -263,8 +265,8 @@ class SpacesActor(ActorBase):
         await self._serial(self.store.delete, access.space_id)
         await self._storage.purge(StorePurge(tenant=access.workspace_id,
                                              subject_id=space_owner(access.space_id)))
-        await self._bus.request(subjects.sessions_internal("space_deleted"), SpaceDeleted(
-            tenant=access.workspace_id, space_id=access.space_id), Done)
+        await self._sessions.space_deleted(SpaceDeleted(tenant=access.workspace_id,
+                                                        space_id=access.space_id))
         return Done()
 
     async def share(self, envelope: Envelope) -> SpaceView:

@@ -106,7 +106,7 @@ class StorageActor(ActorBase):
         self._remembers = GroupCommit[Remember, Stored](self._serial, self._remember_group,
                                                         cap=GROUP_CAP, name=self.name)
         self._events_subject = subjects.memory_events(partition)
-        self._dumps = dumps(self.name, self._serial, lambda: self.store._db)  # backups
+        self._dumps = dumps(self, self._serial)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
         self._relay = OutboxRelay(publisher, prefix=partition, pending=self._pending_events,
                                   sent=self._events_sent)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from memgate.bus import subjects
+from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.internal import RankRequest, Ranking
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import partition_of
@@ -18,6 +19,11 @@ class Rankers(Protocol):
 
     async def cosine(self, request: RankRequest) -> Ranking:
         """The allowed versions that have vectors, most similar to `request.vector` first."""
+        ...
+
+    async def drop(self, drop: Drop) -> None:
+        """`drop.memory_ids` gone from both channels (the index and the vectors) once this
+        returns; idempotent with the events that drop them too."""
         ...
 
 
@@ -35,3 +41,8 @@ class BusRankers:
     async def cosine(self, request: RankRequest) -> Ranking:
         partition = partition_of(request.filters.owner.tenant, self._partitions)
         return await self._bus.request(subjects.embed(partition, "rank"), request, Ranking)
+
+    async def drop(self, drop: Drop) -> None:
+        partition = partition_of(drop.owner.tenant, self._partitions)
+        await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount)
+        await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)

@@ -132,6 +132,11 @@ class Rewritable:
     _path: Path
     deletions_pending: bool = False
 
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The file's connection now (a rewrite replaces it): what a backup reads."""
+        return self._db
+
     def compact(self) -> None:
         """Rewrite the file with only its live rows, so what was deleted leaves every byte of
         it (SPEC §5.4)."""

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 
+import duckdb
 
 from memgate.storage import compaction
 from memgate.storage.transaction import transaction
@@ -84,6 +85,11 @@ class DirectoryStore:
     The directory actor is the file's only writer, so the mirror is always exact: lookups (one
     per agent command) cost a dict access, and every change is visible to the next lookup.
     """
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The file's connection now (a rewrite replaces it): what a backup reads."""
+        return self._db
 
     def __init__(self, path: Path) -> None:
         self._path = path

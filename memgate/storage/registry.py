@@ -80,6 +80,11 @@ def _naive(instant: datetime | None) -> datetime | None:
 
 
 class RegistryStore:
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The file's connection now (a rewrite replaces it): what a backup reads."""
+        return self._db
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = duckdb.connect(str(path))

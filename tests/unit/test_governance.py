@@ -21,6 +21,7 @@ from memgate.contracts.internal import RecallQuery
 from memgate.contracts.registry import Citation, Verification
 from memgate.contracts.registry import Scope as ContextScope
 from memgate.storage.directory import hash_token
+from memgate.ports.services import BusRecall
 from tests.fakes import (
     FakeDirectory, FakeRegistry, FakeRequester, FakeStorage, Served, served,
 )
@@ -62,7 +63,7 @@ async def world() -> AsyncIterator[World]:
     directory, registry, storage = FakeDirectory(), FakeRegistry(), FakeStorage()
     recall = FakeRequester()
     actor = GovernanceActor(directory=directory, registry=registry, storage=storage,
-                            recall=recall)
+                            recall=BusRecall(recall))
     async with served(actor) as bus:
         yield World(bus, directory, registry, storage, recall)
 

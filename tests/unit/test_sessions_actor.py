@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from memgate.actors.sessions import EXTRACT_SUBJECT, SessionsActor
+from memgate.actors.sessions import SessionsActor
 from memgate.bus import subjects
 from memgate.contracts import Contract, ErrorCode
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
@@ -107,7 +107,7 @@ async def world_at(path: Path, rules: Rules = DEFAULT, clock: Clock | None = Non
     clock = clock or Clock()
     extractor, role = Extractor(), [SpaceRole.OWNER]
     bus = FakeRequester({subjects.spaces_internal("access"): access(role),
-                         EXTRACT_SUBJECT: extractor})
+                         subjects.space_memories_internal("extract"): extractor})
     actor = SessionsActor(path=path, bus=bus, rules=rules, now=clock, interval_s=None,
                           retry_s=30, retry_max_s=600)
     async with served(actor) as bus_served:
