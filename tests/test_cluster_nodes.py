@@ -150,6 +150,45 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
         for connected in agents:
             await connected.close()
 
+        # an erasure's evidence names the node of every layer's owner
+        homes_of = {name: (await home_of(homes, name) or {})["node"] for name in writers}
+        await erased_on_their_homes(one, two, ws, owner, homes_of)
+
+
+async def erased_on_their_homes(one: httpx.AsyncClient, two: httpx.AsyncClient, ws: str,
+                                 owner: dict[str, str], homes_of: dict[str, str]) -> None:
+    """A member with a memory, erased through node 1, the evidence read through node 2."""
+    added = (await one.post(f"/api/w/{ws}/members", headers=owner,
+                            json={"name": "Grace", "role": "editor"})).json()
+    member = {"Authorization": f"Bearer {added['memberToken']}"}
+    token = (await one.post(f"/api/w/{ws}/credentials", headers=member, json={
+        "name": "bot", "scopes": ["memory:write"]})).json()["token"]
+    assert (await one.post("/api/agent/v1/memories/remember", json={
+        "namespace": "n", "text": "Grace waters the ferns"},
+        headers={"Authorization": f"Bearer {token}"})).status_code == 200
+    base = "/api/admin/erasure-requests"
+    created = (await one.post(base, headers=ADMIN, json={
+        "workspaceId": ws, "subject": {"memberId": added["memberId"]}})).json()
+    request = f"{base}/{created['requestId']}"
+    for step, body in (("verify", {"method": "id-document", "verifiedBy": "dpo"}),
+                       ("discover", None), ("decide", {"holds": [], "reason": "none applies"}),
+                       ("execute", None)):
+        answered = await one.post(f"{request}/{step}", headers=ADMIN, json=body)
+        assert answered.status_code == 200, (step, answered.text)
+    view: dict[str, object] = {}
+
+    async def completed() -> bool:
+        view.update((await two.get(request, headers=ADMIN)).json())
+        assert view["status"] != "failed", view
+        return view["status"] == "completed"
+
+    await eventually(completed, timeout=60)
+    nodes = {e["layer"]: e["nodes"] for e in view["evidence"]}  # type: ignore[attr-defined]
+    assert nodes["memory_store"] == [homes_of["storage.p0"]]
+    assert nodes["vector_index"] == sorted({homes_of["indexer.p0"], homes_of["embedder.p0"]})
+    assert nodes["eval_exports"] == nodes["backups"] == [homes_of["keys"]]
+    assert nodes["traces_logs"] == []
+
 
 async def _eventually_connected(url: str, token: str,
                                 login: dict[str, str]) -> MemgateClient:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memgate.cluster import fence
 from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.errors import UnavailableError
@@ -217,7 +218,7 @@ class EmbedderActor(ActorBase):
         request = parse(Drop, payload)
         count = await self._remove(request.owner, request.memory_ids)
         await self.compacted()
-        return SubjectCount(count=count)
+        return SubjectCount(count=count, node=fence.node())
 
     async def compacted(self) -> None:
         """Once every vector deleted so far has left the file's bytes."""

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import statistics
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,6 +51,23 @@ Clock = Callable[[], datetime]
 
 
 Count = Callable[[SubjectTarget], Awaitable[SubjectCount]]
+
+
+class Held(NamedTuple):
+    """What one layer held of the subject, and the nodes that answered for it."""
+
+    erased: int  # or found, when counting
+    record_ids: list[str]
+    nodes: list[str]
+
+    @classmethod
+    def of(cls, *answers: SubjectCount, count: SubjectCount | None = None) -> Held:
+        counted = count or answers[0]
+        return cls(counted.count, counted.record_ids,
+                   sorted({a.node for a in answers if a.node is not None}))
+
+
+NONE_HELD = Held(0, [], [])
 
 
 @dataclass(frozen=True)
@@ -156,7 +174,7 @@ class ErasureActor(ActorBase):
     async def discover(self, envelope: Envelope) -> ErasureView:
         row = await self._request(envelope, Status.VERIFIED, Status.DISCOVERED)
         counts = await self._sweep(row, erase=False, holds=[])
-        row.discovery = {layer: count for layer, (count, _) in counts.items()}
+        row.discovery = {layer: held.erased for layer, held in counts.items()}
         row.status = Status.DISCOVERED.value
         await self._serial(self.store.save, row)
         return self._view(row)
@@ -213,18 +231,18 @@ class ErasureActor(ActorBase):
                                          "derived_from": logs.record_ids})
 
     async def _sweep(self, row: RequestRow, *, erase: bool, holds: list[str],
-                     done: Callable[[str, int, list[str]], Awaitable[None]] | None = None,
-                     ) -> dict[str, tuple[int, list[str]]]:
-        """Ask every layer but those on hold; `done(layer, count)` after each."""
+                     done: Callable[[str, Held], Awaitable[None]] | None = None,
+                     ) -> dict[str, Held]:
+        """Ask every layer but those on hold; `done(layer, held)` after each."""
         target = await self._target(row, erase=erase)
         partition = partition_of(row.workspace_id, self._partitions)
-        counts: dict[str, tuple[int, list[str]]] = {}
+        counts: dict[str, Held] = {}
         stored: dict[str, SubjectCount] = {}
         for layer in self._layers.values():
             if layer.name in holds:
                 continue
             if layer.holder is None:
-                counts[layer.name] = (0, [])
+                counts[layer.name] = NONE_HELD
             elif layer.name == "vector_index":  # derived from the memory store's records
                 counts[layer.name] = await self._vectors(
                     target, partition, stored.get("memory_store"))
@@ -233,9 +251,9 @@ class ErasureActor(ActorBase):
             else:
                 answer = await layer.holder(partition)(target)
                 stored[layer.name] = answer
-                counts[layer.name] = (answer.count, answer.record_ids)
+                counts[layer.name] = Held.of(answer)
             if done is not None:
-                await done(layer.name, *counts[layer.name])
+                await done(layer.name, counts[layer.name])
         if erase and row.external_id is not None:  # last: the identity mapping
             await self._spaces.subject(target)
         if erase and row.member_id is not None:
@@ -243,7 +261,7 @@ class ErasureActor(ActorBase):
         return counts
 
     async def _vectors(self, target: SubjectTarget, partition: str,
-                       memories: SubjectCount | None) -> tuple[int, list[str]]:
+                       memories: SubjectCount | None) -> Held:
         """The BM25 and vector indexes hold what the memory store holds. Erasing, they drop
         the erased versions now (idempotent with the events that drop them too), so nothing of
         the subject is left in an index or a catalog in memory when the erasure completes."""
@@ -251,18 +269,21 @@ class ErasureActor(ActorBase):
             memories = await self._storage[partition].subject(
                 target.model_copy(update={"erase": False}))
         if not target.erase:
-            return memories.count, memories.record_ids
+            return Held(memories.count, memories.record_ids, [])
+        dropped: list[SubjectCount] = []
         for owner, ids in memories.by_owner.items():  # gone from both once they answer
             drop = Drop(owner=Owner(tenant=target.tenant, subject_id=owner), memory_ids=ids)
-            await self._rankers.drop(drop)
-        return memories.count, memories.record_ids
+            dropped += await self._rankers.drop(drop)
+        return Held.of(*dropped, count=memories) if dropped else Held.of(memories)
 
     async def _execute(self, row: RequestRow) -> None:
         row.evidence = []
 
-        async def done(layer: str, count: int, record_ids: list[str]) -> None:
+        async def done(layer: str, held: Held) -> None:
+            count, record_ids = held.erased, held.record_ids
             row.evidence.append(Evidence(layer=layer, erased=count, at=self._now(),
-                                         how=self._layers[layer].how).model_dump(mode="json"))
+                                         how=self._layers[layer].how,
+                                         nodes=held.nodes).model_dump(mode="json"))
             await self._audit.append(AuditAppend(
                 action="erasure.layer", actor=self.name, tenant=row.workspace_id,
                 subject_id=self._reference(row), layer=layer, count=count,

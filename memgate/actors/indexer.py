@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from memgate.cluster import fence
 from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
@@ -213,7 +214,7 @@ class IndexerActor(ActorBase):
         request = parse(Drop, payload)
         held = (await self._ids(request.owner)).intersection(request.memory_ids)
         await self.remove(request.owner, request.memory_ids)
-        return SubjectCount(count=len(held))
+        return SubjectCount(count=len(held), node=fence.node())
 
     async def on_events(self, payloads: list[bytes]) -> None:
         stored, deleted = memory_changes(payloads)  # all read, before any work

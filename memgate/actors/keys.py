@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import duckdb
 
+from memgate.cluster import fence
 from memgate.bus.subjects import Admin
 from memgate.bus import parse, subjects
 from memgate.contracts import Envelope
@@ -169,7 +170,7 @@ class KeysActor(ActorBase):
                 action="keys_erased", actor=self.name, tenant=target.tenant,
                 subject_id=held[0] if len(held) == 1 else None, layer="backups",
                 record_ids=held, count=len(held)))
-        return SubjectCount(count=len(held), record_ids=held)
+        return SubjectCount(count=len(held), record_ids=held, node=fence.node())
 
     async def _audit(self, entry: AuditAppend) -> None:
         try:

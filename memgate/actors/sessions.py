@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from memgate.cluster import fence
 from memgate.actors.keys import dumps
 from memgate.bus import parse, subjects
 from memgate.contracts import Contract, Done, Envelope
@@ -373,7 +374,7 @@ class SessionsActor(ActorBase):
         for record in records:
             for kind in ("soft_delete", "extract_memories"):
                 self._retries.pop((record, kind), None)
-        return SubjectCount(count=len(records), record_ids=records)
+        return SubjectCount(count=len(records), record_ids=records, node=fence.node())
 
     async def space_deleted(self, payload: bytes) -> Done:
         """A deleted space's sessions and events leave the disk (those on legal hold stay,

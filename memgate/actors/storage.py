@@ -18,6 +18,7 @@ from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memgate.cluster import fence
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, partition_of
 from memgate.observe import metrics, tracing
 from memgate.runtime.batching import GroupCommit
@@ -403,7 +404,8 @@ class StorageActor(ActorBase):
 
         by_owner = await self._serial(sweep)
         ids = [i for found in by_owner.values() for i in found]
-        return SubjectCount(count=len(ids), record_ids=ids, by_owner=by_owner)
+        return SubjectCount(count=len(ids), record_ids=ids, by_owner=by_owner,
+                            node=fence.node())
 
     async def reap(self, payload: bytes) -> Reaped:
         """Retention (SPEC §3.9): what is past its `expires_at` or its workspace's retentionDays

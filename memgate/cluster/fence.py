@@ -17,10 +17,16 @@ def drop(lease: PartitionLease) -> None:
     _held.discard(lease)
 
 
+def node() -> str | None:
+    """The node this process serves its leases as (None without a lease): what erasure evidence
+    names."""
+    return next((lease.node for lease in _held), None)
+
+
 def check() -> None:
     """Raise `LeaseLostError` if a lease of this process is lost or may have run out."""
     for lease in tuple(_held):
         lease.check()
 
 
-__all__ = ["check", "drop", "hold"]
+__all__ = ["check", "drop", "hold", "node"]

@@ -64,6 +64,7 @@ class Evidence(Contract):
     erased: int
     at: datetime
     how: str  # e.g. "deleted and compacted", "crypto-shredded", "none held"
+    nodes: list[str] = Field(default_factory=list)  # where it was erased (cluster nodes)
 
 
 class ErasureView(Contract):
@@ -122,6 +123,7 @@ class SubjectCount(Contract):
     count: int
     record_ids: list[str] = Field(default_factory=list)  # for the audit log (ids, not content)
     by_owner: dict[str, list[str]] = Field(default_factory=dict)  # storage owner → its ids
+    node: str | None = None  # the node that answered (its lease's), for the evidence
 
 
 class Drop(Contract):

@@ -21,9 +21,9 @@ class Rankers(Protocol):
         """The allowed versions that have vectors, most similar to `request.vector` first."""
         ...
 
-    async def drop(self, drop: Drop) -> None:
+    async def drop(self, drop: Drop) -> list[SubjectCount]:
         """`drop.memory_ids` gone from both channels (the index and the vectors) once this
-        returns; idempotent with the events that drop them too."""
+        returns, with each channel's answer; idempotent with the events that drop them too."""
         ...
 
 
@@ -42,7 +42,7 @@ class BusRankers:
         partition = partition_of(request.filters.owner.tenant, self._partitions)
         return await self._bus.request(subjects.embed(partition, "rank"), request, Ranking)
 
-    async def drop(self, drop: Drop) -> None:
+    async def drop(self, drop: Drop) -> list[SubjectCount]:
         partition = partition_of(drop.owner.tenant, self._partitions)
-        await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount)
-        await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)
+        return [await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount),
+                await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)]
