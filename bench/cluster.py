@@ -31,7 +31,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import ADMIN, Running, agent_token, free_port, memgate_up, percentile
+from bench.harness import (
+    ADMIN, Running, agent_token, free_port, memgate_up, percentile, until_healthy,
+)
 from bench.latency import note
 
 NODES = 3
@@ -58,18 +60,6 @@ class Node:
         os.killpg(self.process.pid, signal.SIGKILL)
 
 
-async def healthy(http: httpx.AsyncClient, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if (await http.get("/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.1)
-    raise TimeoutError("a node did not become healthy")
-
-
 @asynccontextmanager
 async def three_nodes(root: Path) -> AsyncIterator[list[Node]]:
     cluster_ports = [free_port() for _ in range(NODES)]
@@ -92,7 +82,7 @@ async def three_nodes(root: Path) -> AsyncIterator[list[Node]]:
             nodes.append(node)
         try:
             for node in nodes:  # they start together: JetStream needs a majority
-                await healthy(node.http)
+                await until_healthy(node.http, timeout_s=180)
             yield nodes
         finally:
             running = [(node, node.process) for node in nodes

@@ -9,6 +9,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -60,6 +61,20 @@ class Running:
         )
 
 
+async def until_healthy(http: httpx.AsyncClient, *, timeout_s: float) -> None:
+    """Until the memgate behind `http` answers `/healthz` with 200 (`TimeoutError` past
+    `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if (await http.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"memgate was not healthy within {timeout_s:.0f} s")
+
+
 @asynccontextmanager
 async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
     with tempfile.TemporaryDirectory(prefix="memgate-bench-") as tmp:
@@ -89,13 +104,7 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
         http_url = f"http://127.0.0.1:{http_port}"
         async with httpx.AsyncClient(base_url=http_url, timeout=60) as http:
             try:
-                for _ in range(1200):
-                    try:
-                        if (await http.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.05)
+                await until_healthy(http, timeout_s=60)
                 yield Running(
                     f"nats://127.0.0.1:{nats_port}", http_url, http, data, process.pid
                 )
