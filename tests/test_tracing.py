@@ -12,6 +12,7 @@ from typing import Any
 import nats
 
 from memgate.contracts import Envelope
+from memgate.observe import tracing
 from tests.conftest import ADMIN_TOKEN, eventually
 from tests.test_metrics import OPERATOR, workspace_agent
 from tests.test_processes import memgate_up
@@ -81,9 +82,10 @@ async def test_one_trace_spans_the_front_the_store_and_the_index_for_a_remember_
         assert recalled.status_code == 200
         assert recalled.json()["memories"]
 
-        async def exported() -> bool:  # each span is written as it ends
+        async def exported() -> bool:  # each process writes its spans in batches
             names = {s["name"] for s in spans(traces)}
-            return {"rest remember", "rest recall"} <= names
+            return {"rest remember", "rest recall", "storage commit", "serve mem.cmd.remember",
+                    "serve mem.int.index.p0.rank", "serve mem.int.store.p0.rows"} <= names
         await eventually(exported)
 
         every = spans(traces)
@@ -186,3 +188,31 @@ async def test_no_memory_text_token_or_personal_datum_reaches_a_span_or_a_log(
         assert secret not in exported_text, f"{secret!r} in a span"
         assert secret not in logged, f"{secret!r} in a log line"
     assert ws not in exported_text  # no workspace id in a span either
+
+
+def test_a_command_not_sampled_is_no_span_at_any_hop_and_says_so_with_one_fixed_header(
+    tmp_path: Path,
+) -> None:
+    """Sampling is decided where a trace begins: a command left out sends the one fixed
+    `UNSAMPLED` traceparent on every hop, and a process serving it makes no span, even one
+    that samples every trace it begins."""
+    stop = tracing.configure("front", otlp_endpoint=None, trace_dir=tmp_path, sample_ratio=0)
+    try:
+        with tracing.span("rest remember", kind="server"):
+            assert tracing.quiet()
+            with tracing.span("send mem.cmd.remember", kind="client"):
+                assert tracing.headers() == tracing.UNSAMPLED
+    finally:
+        stop()
+    stop = tracing.configure("store", otlp_endpoint=None, trace_dir=tmp_path, sample_ratio=1)
+    try:
+        with (tracing.served("serve mem.cmd.remember", tracing.UNSAMPLED),
+              tracing.span("storage commit")):
+            assert tracing.headers() == tracing.UNSAMPLED
+        with tracing.served("serve mem.cmd.list", None):  # begun here, and sampled
+            assert not tracing.quiet()
+            sampled = tracing.headers()
+            assert sampled is not None and int(sampled["traceparent"][-2:], 16) & 1
+    finally:
+        stop()
+    assert [s["name"] for s in spans(tmp_path)] == ["serve mem.cmd.list"]

@@ -78,9 +78,10 @@ class BusClient:
                       *, timeout: float | None = None) -> T:
         """The reply of whoever answers `subject`; traced, a span of this hop whose
         `traceparent` goes with the request (`observe.tracing`)."""
-        if not tracing.on():
-            return await self._request(subject, payload, result_type, timeout)
         local = subject in self._local
+        if tracing.quiet():  # off (no header), or a command not sampled (`UNSAMPLED`)
+            return await self._request(subject, payload, result_type, timeout,
+                                       None if local else tracing.headers())
         with tracing.span(f"{'local' if local else 'send'} {subject}",
                           kind="internal" if local else "client"):
             return await self._request(subject, payload, result_type, timeout,

@@ -7,6 +7,13 @@ adapter's span, a span per bus hop (the caller's and the server's, joined by the
 `traceparent` header of the NATS message) and per stage (governance, storage commit, BM25,
 cosine, fusion, rows).
 
+Sampling is decided once, where a trace begins (`MEMGATE_TRACE_SAMPLE_RATIO`): a command
+not sampled is no span at any later hop or stage, in any process. Its hops carry one fixed
+`traceparent` whose flags say "not sampled" (`UNSAMPLED`), which the serving process reads
+as "make nothing" instead of beginning a trace of its own (docs/experiments/observing.md:
+the SDK's non-recording spans, attached contexts and injected headers of unsampled commands
+cost more than the sampled ones).
+
 Spans carry names of kinds of things only (subjects, stages, transports, error codes, sizes):
 never a memory's text, a token, an id of a workspace, member or end user, an exception's
 message (`record_exception` is off) or anything else a caller sent.
@@ -19,6 +26,7 @@ trace on their own (FastAPI, faststream) stay silent (docs/DECISIONS.md).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -30,19 +38,24 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult,
+    BatchSpanProcessor, SpanExporter, SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, get_current_span, use_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _tracer: Tracer | None = None
+_EXPORT_DELAY_MS = 200
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OFF: ContextManager[None] = contextlib.nullcontext()
 _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER}
 Kind = Literal["internal", "client", "server"]
 T = TypeVar("T")
 TRACES_PATH = "/v1/traces"
+# the traceparent of every hop of a command not sampled (W3C: flags 00, "not sampled")
+UNSAMPLED = {"traceparent": "00-6d656d676174652d756e73616d706c65-756e73616d706c65-00"}
+# set for the work of a command not sampled: no span is begun in it, not even a root
+_unsampled: contextvars.ContextVar[bool] = contextvars.ContextVar("unsampled", default=False)
 
 
 class JsonLinesExporter(SpanExporter):
@@ -83,8 +96,9 @@ def _otlp(endpoint: str) -> SpanExporter:
 def configure(process: str, *, otlp_endpoint: str | None, trace_dir: Path | None,
               sample_ratio: float = 1.0) -> Callable[[], None]:
     """Trace this process (named `process`: `front`, `store`, …) if an exporter is set: OTLP
-    over HTTP (batched) and/or JSON lines in `trace_dir/<process>-<pid>.jsonl` (written as
-    each span ends). Returns what flushes and stops it (a no-op when off)."""
+    over HTTP and/or JSON lines in `trace_dir/<process>-<pid>.jsonl`, both batched (written
+    off the event loop, within `_EXPORT_DELAY_MS`). Returns what flushes and stops it (a
+    no-op when off)."""
     global _tracer
     if otlp_endpoint is None and trace_dir is None:
         return lambda: None
@@ -96,7 +110,8 @@ def configure(process: str, *, otlp_endpoint: str | None, trace_dir: Path | None
         provider.add_span_processor(BatchSpanProcessor(_otlp(otlp_endpoint)))
     if trace_dir is not None:
         exporter = JsonLinesExporter(trace_dir / f"{process}-{os.getpid()}.jsonl")
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter,
+                                                       schedule_delay_millis=_EXPORT_DELAY_MS))
     _tracer = provider.get_tracer("memgate")
 
     def shutdown() -> None:
@@ -111,6 +126,11 @@ def on() -> bool:
     return _tracer is not None
 
 
+def quiet() -> bool:
+    """Off, or in a command not sampled: no span will be made here."""
+    return _tracer is None or _unsampled.get()
+
+
 def _failed(span: Span, exc: BaseException) -> None:
     """The outcome of a failed span: its error code (a `MemgateError`'s) or the exception's
     type, never its message (it may quote content)."""
@@ -120,11 +140,28 @@ def _failed(span: Span, exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The work of a command not sampled: nothing in it makes a span."""
+    token = _unsampled.set(True)
+    try:
+        yield
+    finally:
+        _unsampled.reset(token)
+
+
+@contextlib.contextmanager
 def _span(tracer: Tracer, name: str, kind: SpanKind, context: Context | None,
           attributes: Mapping[str, Any] | None) -> Iterator[None]:
-    with tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes,
-                                      record_exception=False,
-                                      set_status_on_exception=False) as current:
+    """A span, current for the work inside; where it would begin a trace the sampler left
+    out, the work is quiet instead."""
+    current = tracer.start_span(name, context=context, kind=kind, attributes=attributes,
+                                record_exception=False, set_status_on_exception=False)
+    if not current.is_recording():
+        with _quiet():
+            yield
+        return
+    with use_span(current, end_on_exit=True, record_exception=False,
+                  set_status_on_exception=False):
         try:
             yield
         except BaseException as exc:
@@ -134,8 +171,9 @@ def _span(tracer: Tracer, name: str, kind: SpanKind, context: Context | None,
 
 def span(name: str, *, kind: Kind = "internal",
          attributes: Mapping[str, Any] | None = None) -> ContextManager[None]:
-    """`with span("fusion"):` a child of the current span; nothing at all when off."""
-    if _tracer is None:
+    """`with span("fusion"):` a child of the current span; nothing at all when off or not
+    sampled."""
+    if _tracer is None or _unsampled.get():
         return _OFF
     return _span(_tracer, name, _KINDS[kind], None, attributes)
 
@@ -147,25 +185,40 @@ async def _staged(name: str, work: Awaitable[T]) -> T:
 
 def staged(name: str, work: Awaitable[T]) -> Awaitable[T]:
     """`work` in a span of its own (for work awaited on another task); `work` itself when
-    off."""
-    return work if _tracer is None else _staged(name, work)
+    off or not sampled."""
+    return work if quiet() else _staged(name, work)
+
+
+def _sampled(traceparent: str) -> bool:
+    """The W3C flags' "sampled" bit (the last two hex digits); a malformed value is not a
+    decision, and is left to the propagator."""
+    try:
+        return bool(int(traceparent[-2:], 16) & 1)
+    except ValueError:
+        return True
 
 
 def served(name: str, headers: Mapping[str, str] | None,
            attributes: Mapping[str, Any] | None = None) -> ContextManager[None]:
     """A server span continuing the caller's trace from a message's `traceparent` header (a
-    new trace without one); nothing at all when off."""
+    new trace without one); nothing at all when off, and quiet work when the caller's trace
+    is not sampled."""
     if _tracer is None:
         return _OFF
+    parent = headers.get("traceparent") if headers else None
+    if parent is not None and not _sampled(parent):
+        return _quiet()
     context = _PROPAGATOR.extract(headers) if headers else None
     return _span(_tracer, name, SpanKind.SERVER, context, attributes)
 
 
 def headers() -> dict[str, str] | None:
-    """The `traceparent` (and `tracestate`) of the current span, for a NATS message; None when
-    off (no header at all is sent then)."""
+    """The `traceparent` (and `tracestate`) of the current span, for a NATS message: None when
+    off (no header at all is sent then), `UNSAMPLED` in a command not sampled."""
     if _tracer is None:
         return None
+    if _unsampled.get():
+        return UNSAMPLED
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     return carrier or None
@@ -173,9 +226,9 @@ def headers() -> dict[str, str] | None:
 
 def note(attributes: Mapping[str, str | int | float | bool]) -> None:
     """Attributes of the current span (kinds, codes and sizes only); nothing when off."""
-    if _tracer is not None:
+    if not quiet():
         get_current_span().set_attributes(attributes)
 
 
-__all__ = ["JsonLinesExporter", "Kind", "configure", "headers", "note", "on", "served", "span",
-           "staged"]
+__all__ = ["UNSAMPLED", "JsonLinesExporter", "Kind", "configure", "headers", "note", "on",
+           "quiet", "served", "span", "staged"]
