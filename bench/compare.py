@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="memgate-compare-"))
+    out.mkdir(parents=True, exist_ok=True)
     env_b = dict(item.split("=", 1) for item in args.env_b)
     runs: dict[str, list[dict[Key, dict[str, float]]]] = {"A": [], "B": []}
     for i in range(1, args.runs + 1):
