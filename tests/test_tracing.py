@@ -20,6 +20,11 @@ from tests.test_processes import memgate_up
 Span = dict[str, Any]
 
 
+def every_trace(traces: Path) -> dict[str, str]:
+    """`memgate up` writing every trace it begins to `traces` (the default samples 10%)."""
+    return {"MEMGATE_TRACE_DIR": str(traces), "MEMGATE_TRACE_SAMPLE_RATIO": "1"}
+
+
 def spans(traces: Path) -> list[Span]:
     """Every span every process exported (one JSON object per line, a file per process)."""
     return [json.loads(line) for path in sorted(traces.glob("*.jsonl"))
@@ -71,8 +76,7 @@ async def test_one_trace_spans_the_front_the_store_and_the_index_for_a_remember_
     tmp_path: Path,
 ) -> None:
     traces = tmp_path / "traces"
-    async with memgate_up(tmp_path / "data", MEMGATE_TRACE_DIR=str(traces),
-                          MEMGATE_TRACE_SAMPLE_RATIO="1") as up:
+    async with memgate_up(tmp_path / "data", **every_trace(traces)) as up:
         _, _, token = await workspace_agent(up.http)
         agent = {"Authorization": f"Bearer {token}"}
         remembered = await up.http.post("/api/agent/v1/memories/remember", headers=agent,
@@ -118,8 +122,7 @@ async def test_an_agents_traceparent_is_continued_and_a_trace_begun_without_one(
     process that serves the command; one that sends none gets a trace begun there."""
     traces = tmp_path / "traces"
     theirs, their_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    async with memgate_up(tmp_path / "data", MEMGATE_TRACE_DIR=str(traces),
-                          MEMGATE_TRACE_SAMPLE_RATIO="1") as up:
+    async with memgate_up(tmp_path / "data", **every_trace(traces)) as up:
         _, _, token = await workspace_agent(up.http)
         login = (await up.http.post("/api/admin/nats-agents", json={"name": "bot"},
                                     headers=OPERATOR)).json()
@@ -156,8 +159,7 @@ async def test_no_memory_text_token_or_personal_datum_reaches_a_span_or_a_log(
     canary = "quetzalcanary"
     email = "ada.lovelace@example.org"
     secret_token = "sk-live-51Hf0CanaryTokenValue"
-    async with memgate_up(tmp_path / "data", MEMGATE_TRACE_DIR=str(traces),
-                          MEMGATE_TRACE_SAMPLE_RATIO="1") as up:
+    async with memgate_up(tmp_path / "data", **every_trace(traces)) as up:
         ws, member, token = await workspace_agent(up.http)
         agent = {"Authorization": f"Bearer {token}"}
         text = f"{canary}: write to {email}, the key is {secret_token}"

@@ -158,8 +158,8 @@ class Settings(BaseSettings):
     # process's spans as JSON lines in trace_dir/<process>-<pid>.jsonl (tests, a quick look)
     otlp_endpoint: str | None = None
     trace_dir: Path | None = None
-    # of the traces begun here: 10% keeps tracing within 5% of the throughput (every trace: 18%
-    # slower, docs/experiments/observing.md)
+    # of the traces begun here; 10% keeps tracing's cost within budget
+    # (docs/experiments/observing.md)
     trace_sample_ratio: float = Field(default=0.1, ge=0, le=1)
 
     def recall_weights(self) -> dict[str, float]:
