@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from memgate.cluster import replication
 from memgate.observe import metrics
 
 SUFFIX = ".compact"
@@ -50,13 +51,32 @@ def _sync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _open(path: Path) -> duckdb.DuckDBPyConnection:
+def plain(path: Path) -> duckdb.DuckDBPyConnection:
+    """The file's connection, as a standby's copy opens it (nothing recorded)."""
     # One thread: an owner's queries are small, and DuckDB's parallelism only cost CPU on them
     # (docs/DECISIONS.md, "CPU per command: fewer round trips").
     # Set, not passed as config: a connection the same process opens later joins this one.
     db = duckdb.connect(str(path))
     db.execute("SET threads TO 1")
     return db
+
+
+_opened: dict[Path, duckdb.DuckDBPyConnection] = {}  # the owner's connection, by file
+
+
+def _open(path: Path) -> duckdb.DuckDBPyConnection:
+    """The owner's connection: its writes recorded for the standbys in a cluster
+    (`cluster.replication`)."""
+    db = plain(path)
+    _opened[path.resolve()] = db
+    return replication.opened(db, path)
+
+
+def checkpoint(path: Path) -> None:
+    """Everything committed to the file at `path` is in it (no WAL): what a copy reads."""
+    db = _opened.get(path.resolve())
+    if db is not None:
+        db.execute("CHECKPOINT")
 
 
 def connect(path: Path) -> duckdb.DuckDBPyConnection:
@@ -94,11 +114,14 @@ def pending(db: duckdb.DuckDBPyConnection) -> bool:
     return bool(row and row[0])
 
 
-def rewrite(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnection:
+def rewrite(db: duckdb.DuckDBPyConnection, path: Path, *,
+            standby: bool = False) -> duckdb.DuckDBPyConnection:
     """Replace the file at `path` (open as `db`) by a fresh one holding only its live rows;
     return a connection to it, `db` being closed. Should the copy fail, the half-written copy
-    is removed and the error raised, `db` still open on the unchanged old file."""
+    is removed and the error raised, `db` still open on the unchanged old file. `standby`: a
+    copy of another node's store (`cluster.replication`)."""
     started = time.perf_counter()
+    db = replication.raw(db)  # the copy's statements are not the standbys' to run
     fresh = _fresh(path)
     _remove(fresh, _wal(fresh))
     name = db.execute("SELECT current_database()").fetchone()
@@ -119,7 +142,8 @@ def rewrite(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnect
     _remove(_wal(path))  # the old file's (empty after the close) must never replay onto the new
     os.replace(fresh, path)
     _sync_directory(path)
-    reopened = _open(path)
+    reopened = plain(path) if standby else _open(path)
+    replication.rewritten(path)  # each standby rewrites its copy at this point too
     # `memgate_file_rewrite_seconds{file="memories"}`: a kind of file, never a tenant's
     metrics.REWRITE_SECONDS.labels(path.stem).observe(time.perf_counter() - started)
     return reopened

@@ -1,0 +1,690 @@
+"""An in-sync standby for every store: no acknowledged write depends on one disk (SPEC §6).
+
+The owner of a store (`storage.pN`, `embedder.pN`, the directory, registry, spaces, sessions,
+erasure) records, on its writer's thread, every statement that changes its DuckDB files
+(`Recording`, the connection `compaction` opens in a clustered process) and, after each job of
+that thread, ships what committed to its standbys over core NATS request/reply (`Primary`): the
+statements with their parameters, in commit order, and a marker where a file was rewritten
+after a deletion. The job's caller is answered only once every in-sync standby has applied
+them, its rewrites included: a forget is gone from every copy's bytes when it is answered
+(SPEC §5.4). Memory text travels in these requests only, never in a JetStream stream.
+
+Every batch names the lease epoch it was made under and its sequence number; a standby refuses
+another epoch and any gap. A standby that does not answer in time is recorded out of sync in the
+`MEMGATE_STANDBYS` bucket (by the owner, before it answers anyone), and may not be promoted.
+
+A standby (`Standby`, on every other node of a clustered `memgate up`) first deletes whatever
+copy its disk holds of the store (stale: written before it was down, or under another owner),
+then joins: the owner checkpoints and copies its files (between two jobs of its thread), the
+standby fetches them in pages, and the owner sends the batches that committed meanwhile before
+it records the standby in sync. When the lease is gone (its owner dead or cut off: it fenced
+itself first) an in-sync standby moves the store's home to its own disk by compare-and-set (one
+winner) and starts the actor there, on the copy; the others copy the store again from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from memgate.bus.replies import Endpoint
+from memgate.cluster.lease import PartitionLease, holder, lease_bucket
+from memgate.contracts.base import Contract
+from memgate.contracts.errors import ConflictError, UnavailableError
+from memgate.ports.bus import Requester
+
+log = logging.getLogger("memgate.cluster")
+R = TypeVar("R")
+
+STANDBYS = "MEMGATE_STANDBYS"
+PREFIX = "mem.int.replica"
+CHUNK = 256 * 1024  # bytes of a file per page of a full copy
+APPLY_TIMEOUT_S = 3.0  # a standby that has not applied a batch by then leaves the in-sync set
+WATCH_EVERY_S = 0.5  # how often a standby looks at its owner's lease and its own record
+# The statements that change nothing in the file: not shipped.
+_READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
+          "ATTACH", "DETACH", "USE", "SUMMARIZE", "FROM", "WITH")
+
+_FILES = {"directory": ("directory.duckdb",), "registry": ("registry.duckdb",),
+          "spaces": ("spaces.duckdb",), "sessions": ("sessions.duckdb",),
+          "erasure": ("erasure.duckdb",)}
+
+
+def files_of(name: str) -> tuple[str, ...]:
+    """The files of a store, relative to the data directory; () for one not replicated."""
+    kind, _, partition = name.partition(".")
+    if kind == "storage":
+        return (f"partitions/{partition}/memories.duckdb",)
+    if kind == "embedder":
+        return (f"partitions/{partition}/vectors.duckdb",)
+    return _FILES.get(name, ())
+
+
+def rebuilt(name: str) -> bool:
+    """A store whose files are derived and rebuilt where it moves (the Tantivy indexes)."""
+    return name.startswith("indexer.")
+
+
+def movable(name: str) -> bool:
+    return bool(files_of(name)) or rebuilt(name)
+
+
+def subject(name: str, operation: str) -> str:
+    return f"{PREFIX}.{name}.{operation}"
+
+
+# --- recording, on the owner's writer thread ------------------------------------------------
+
+_root: Path | None = None  # the data directory, once this process records (`record_under`)
+_local = threading.local()  # .units: what the running job committed; .tx: its open transaction
+Unit = tuple[str, list[tuple[str, list[Any]]] | None]  # (file, statements), or (file, None): rewritten
+
+
+def record_under(data_dir: Path) -> None:
+    """From now on, the files this process opens under `data_dir` record their writes."""
+    global _root
+    _root = data_dir.resolve()
+
+
+def recording() -> bool:
+    return _root is not None
+
+
+def _relative(path: Path) -> str | None:
+    if _root is None:
+        return None
+    try:
+        return path.resolve().relative_to(_root).as_posix()
+    except ValueError:
+        return None
+
+
+class Recording:
+    """A DuckDB connection that also notes, for the job running on this thread, each write
+    it commits. Everything else is the connection's own."""
+
+    def __init__(self, db: duckdb.DuckDBPyConnection, file: str) -> None:
+        self.raw = db
+        self._file = file
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.raw, attribute)
+
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Any:
+        result = self.raw.execute(sql, parameters) if parameters is not None else \
+            self.raw.execute(sql)
+        if _writes(sql):
+            tx = getattr(_local, "tx", None)
+            statement = (sql, list(parameters or []))
+            if tx is not None:
+                tx.append(statement)
+            else:
+                _committed((self._file, [statement]))
+        return result
+
+    def begin(self) -> Any:
+        _local.tx = []
+        return self.raw.begin()
+
+    def commit(self) -> Any:
+        result = self.raw.commit()
+        tx, _local.tx = getattr(_local, "tx", None), None
+        if tx:
+            _committed((self._file, tx))
+        return result
+
+    def rollback(self) -> Any:
+        _local.tx = None
+        return self.raw.rollback()
+
+
+def _writes(sql: str) -> bool:
+    text = sql.lstrip()
+    while text.startswith("--"):
+        text = text.split("\n", 1)[1].lstrip() if "\n" in text else ""
+    return bool(text) and not text[:12].upper().startswith(_READS)
+
+
+def _committed(unit: Unit) -> None:
+    units = getattr(_local, "units", None)
+    if units is None:
+        log.error("a write to %s outside its owner's jobs is not replicated", unit[0])
+        return
+    units.append(unit)
+
+
+def opened(db: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnection:
+    """`db` as the store uses it: recording, when this process records and `path` is a file
+    of the data directory."""
+    file = _relative(path)
+    if file is None:
+        return db
+    return Recording(db, file)  # type: ignore[return-value]  # a connection in all it does
+
+
+def raw(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    return getattr(db, "raw", db)
+
+
+def rewritten(path: Path) -> None:
+    """`compaction.rewrite` replaced the file: the standbys rewrite theirs at the same point."""
+    file = _relative(path)
+    if file is not None and getattr(_local, "units", None) is not None:
+        _local.units.append((file, None))
+
+
+def journaled(fn: Callable[..., R], *args: object) -> tuple[R | None, BaseException | None,
+                                                            list[Unit]]:
+    """Run `fn` on this (the writer's) thread: its outcome, and the writes it committed."""
+    _local.units, _local.tx = [], None
+    try:
+        return fn(*args), None, _local.units
+    except BaseException as exc:  # what committed before it raised is shipped all the same
+        return None, exc, _local.units
+    finally:
+        units = _local.units
+        _local.units = None
+        del units
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+def _tagged(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"$t": "dt", "v": value.isoformat()}
+    if isinstance(value, date):
+        return {"$t": "d", "v": value.isoformat()}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$t": "b", "v": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    raise TypeError(f"a parameter of type {type(value).__name__} cannot be replicated")
+
+
+def _untagged(value: dict[str, Any]) -> Any:
+    tag = value.get("$t")
+    if tag is None or len(value) != 2:
+        return value
+    if tag == "dt":
+        return datetime.fromisoformat(value["v"])
+    if tag == "d":
+        return date.fromisoformat(value["v"])
+    return base64.b64decode(value["v"])
+
+
+def encode_batch(epoch: int, seq: int, units: Sequence[Unit]) -> bytes:
+    return json.dumps({"epoch": epoch, "seq": seq, "units": units}, default=_tagged,
+                      separators=(",", ":")).encode()
+
+
+def decode_batch(payload: bytes) -> tuple[int, int, list[Unit]]:
+    data = json.loads(payload, object_hook=_untagged)
+    return int(data["epoch"]), int(data["seq"]), [(u[0], u[1]) for u in data["units"]]
+
+
+# --- the messages -----------------------------------------------------------------------------
+
+class Applied(Contract):
+    seq: int
+
+
+class Join(Contract):
+    node: str
+
+
+class CopiedFile(Contract):
+    file: str
+    size: int
+
+
+class Joined(Contract):
+    snapshot: str
+    epoch: int
+    seq: int
+    files: list[CopiedFile]
+
+
+class Page(Contract):
+    snapshot: str
+    file: str
+    offset: int
+
+
+class PageData(Contract):
+    data: str  # base64
+    last: bool
+
+
+class Ready(Contract):
+    node: str
+    snapshot: str
+
+
+class InSync(Contract):
+    epoch: int
+    seq: int
+
+
+async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(STANDBYS)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=STANDBYS, history=1, replicas=replicas)
+
+
+async def standby_record(kv: KeyValue, name: str, node: str) -> dict[str, Any] | None:
+    try:
+        entry = await kv.get(f"{name}.{node}")
+    except KeyNotFoundError:
+        return None
+    return None if entry.value is None else dict(json.loads(entry.value))
+
+
+async def in_sync_standbys(kv: KeyValue, name: str, epoch: int) -> list[str]:
+    """The nodes recorded in sync with `name` under `epoch` (what `cluster status` shows)."""
+    try:
+        keys = await kv.keys()
+    except Exception:  # no keys yet
+        return []
+    nodes = []
+    for key in keys:
+        if key.startswith(f"{name}.") and key.count(".") == name.count(".") + 1:
+            node = key.rsplit(".", 1)[1]
+            record = await standby_record(kv, name, node)
+            if record and record.get("in_sync") and record.get("epoch") == epoch:
+                nodes.append(node)
+    return sorted(nodes)
+
+
+# --- the owner's side -------------------------------------------------------------------------
+
+@dataclass
+class _Follower:
+    node: str
+    after: int  # the batches up to this seq are in its copy
+    waiting: list[bytes] | None = field(default_factory=list)  # None: in sync, sent at once
+    snapshot: Path | None = None
+
+
+class Primary:
+    """The owner's side of one store: numbers its writer's batches, ships them to the
+    standbys in order, and copies the store for a standby that joins."""
+
+    def __init__(self, name: str, *, lease: PartitionLease, bus: Requester, kv: KeyValue,
+                 data_dir: Path, run: Callable[[Callable[[], R]], Awaitable[R]],
+                 timeout_s: float = APPLY_TIMEOUT_S) -> None:
+        self.name = name
+        self._lease = lease
+        self._bus = bus
+        self._kv = kv
+        self._root = data_dir.resolve()
+        self._run = run  # a call on the store's writer thread
+        self._timeout_s = timeout_s
+        self._numbered = 0  # the last seq given, on the writer's thread
+        self._shipped = 0  # the last seq shipped, on the event loop
+        self._turn = asyncio.Condition()
+        self._followers: dict[str, _Follower] = {}
+        self._out: set[str] = set()  # left the in-sync set, not yet recorded so
+
+    @property
+    def epoch(self) -> int:
+        lease = self._lease.lease
+        return 0 if lease is None else lease.epoch
+
+    def number(self) -> int:
+        """The next batch's seq (on the writer's thread, so in commit order)."""
+        self._numbered += 1
+        return self._numbered
+
+    async def ship(self, seq: int, units: list[Unit]) -> None:
+        """Batch `seq` applied by every in-sync standby (after all before it), or those that
+        did not apply it recorded out of sync; `UnavailableError` if that record failed."""
+        async with self._turn:
+            await self._turn.wait_for(lambda: self._shipped == seq - 1)
+            try:
+                if units:
+                    await self._send(seq, encode_batch(self.epoch, seq, units))
+            finally:
+                self._shipped = seq
+                self._turn.notify_all()
+
+    async def _send(self, seq: int, batch: bytes) -> None:
+        now = []
+        for follower in self._followers.values():
+            if seq <= follower.after:
+                continue
+            if follower.waiting is not None:
+                follower.waiting.append(batch)
+            else:
+                now.append(follower)
+        results = await asyncio.gather(*(self._apply(f.node, batch) for f in now),
+                                       return_exceptions=True)
+        for follower, result in zip(now, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("standby %s of %s did not apply batch %s (%s): out of sync",
+                            follower.node, self.name, seq, type(result).__name__)
+                self._drop(follower.node)
+        await self._record_out()
+
+    async def _apply(self, node: str, batch: bytes) -> None:
+        await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
+                                timeout=self._timeout_s)
+
+    def _drop(self, node: str) -> None:
+        follower = self._followers.pop(node, None)
+        if follower is not None and follower.snapshot is not None:
+            shutil.rmtree(follower.snapshot, ignore_errors=True)
+        self._out.add(node)
+
+    async def _record_out(self) -> None:
+        for node in sorted(self._out):
+            try:
+                await self._kv.put(f"{self.name}.{node}", json.dumps(
+                    {"epoch": self.epoch, "in_sync": False}).encode())
+            except Exception as exc:
+                raise UnavailableError("a standby left the in-sync set and that could not be "
+                                       "recorded", {"store": self.name}) from exc
+            self._out.discard(node)
+
+    # a standby joining: its copy, its pages, then in sync
+
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subject(self.name, "join"), self.join),
+                Endpoint(subject(self.name, "page"), self.page, max_workers=4),
+                Endpoint(subject(self.name, "ready"), self.ready)]
+
+    async def join(self, payload: bytes) -> Joined:
+        request = Join.model_validate_json(payload)
+        self._drop(request.node)
+        self._out.discard(request.node)
+        snapshot = self._root / "replicas" / "outgoing" / uuid.uuid4().hex
+        files, seq = await self._run(lambda: self._copy(request.node, snapshot))
+        return Joined(snapshot=snapshot.name, epoch=self.epoch, seq=seq, files=files)
+
+    def _copy(self, node: str, snapshot: Path) -> tuple[list[CopiedFile], int]:
+        """On the writer's thread, between two jobs: the files as of batch `seq`."""
+        from memgate.storage import compaction  # the files' owner
+
+        files = []
+        for file in files_of(self.name):
+            source = self._root / file
+            if not source.exists():
+                continue
+            compaction.checkpoint(source)
+            target = snapshot / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            files.append(CopiedFile(file=file, size=target.stat().st_size))
+        # numbered after the copy: every batch after `seq` is not in it
+        seq = self._numbered
+        self._followers[node] = _Follower(node, after=seq, snapshot=snapshot)
+        return files, seq
+
+    async def page(self, payload: bytes) -> PageData:
+        request = Page.model_validate_json(payload)
+        follower = next((f for f in self._followers.values()
+                         if f.snapshot is not None and f.snapshot.name == request.snapshot), None)
+        if follower is None or follower.snapshot is None or request.file not in files_of(self.name):
+            raise ConflictError("no such copy: join again")
+        path = follower.snapshot / request.file
+        with path.open("rb") as f:
+            f.seek(request.offset)
+            data = f.read(CHUNK)
+        return PageData(data=base64.b64encode(data).decode(),
+                        last=request.offset + len(data) >= path.stat().st_size)
+
+    async def ready(self, payload: bytes) -> InSync:
+        request = Ready.model_validate_json(payload)
+        follower = self._followers.get(request.node)
+        if follower is None or follower.snapshot is None or \
+                follower.snapshot.name != request.snapshot or follower.waiting is None:
+            raise ConflictError("no such copy: join again")
+        while follower.waiting:  # what committed since the copy, in order
+            batch = follower.waiting.pop(0)
+            try:
+                await self._apply(request.node, batch)
+            except Exception as exc:
+                self._drop(request.node)
+                raise UnavailableError("the standby did not apply what followed its copy") from exc
+        follower.waiting = None  # from here on each batch is sent as it commits
+        shutil.rmtree(follower.snapshot, ignore_errors=True)
+        follower.snapshot = None
+        await self._kv.put(f"{self.name}.{request.node}", json.dumps(
+            {"epoch": self.epoch, "in_sync": True}).encode())
+        log.info("standby %s of %s is in sync (epoch %s)", request.node, self.name, self.epoch)
+        return InSync(epoch=self.epoch, seq=self._shipped)
+
+
+_primaries: dict[str, Primary] = {}
+
+
+def primary(name: str) -> Primary | None:
+    return _primaries.get(name)
+
+
+def serve(p: Primary) -> None:
+    _primaries[p.name] = p
+
+
+def retire(name: str) -> None:
+    _primaries.pop(name, None)
+
+
+# --- the standby's side ------------------------------------------------------------------------
+
+class Standby:
+    """A copy of another node's store on this disk, kept in sync, promoted when its owner is
+    gone. `become` starts the store's actor in this process, on the copy."""
+
+    def __init__(self, name: str, *, node: str, bus: Requester, js: Callable[[], JetStreamContext],
+                 data_dir: Path, become: Callable[[], Awaitable[None]],
+                 disk_home: dict[str, str], replicas: int = 1,
+                 stale: Sequence[Path] = ()) -> None:
+        self.name = f"standby.{name}"
+        self.store = name
+        self._node = node
+        self._bus = bus
+        self._js = js
+        self._root = data_dir.resolve()
+        self._become = become
+        self._home = disk_home
+        self._replicas = replicas
+        self._stale = tuple(stale)  # what else to delete (a rebuilt store's directory)
+        self._db: dict[str, duckdb.DuckDBPyConnection] = {}
+        self._epoch = 0
+        self._seq = 0
+        self._synced = False
+        self._task: asyncio.Task[None] | None = None
+        self._thread = _Thread(self.name)
+        self._promoted = False
+
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(subject(self.store, f"apply.{self._node}"), self.apply)]
+
+    async def start(self) -> None:
+        await self._thread(self._delete)  # stale: never served, never promoted from
+        self._task = asyncio.create_task(self._follow(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._thread(self._close)
+        self._thread.shutdown()
+
+    def _paths(self) -> list[Path]:
+        return [self._root / file for file in files_of(self.store)]
+
+    def _close(self) -> None:
+        for db in self._db.values():
+            with contextlib.suppress(duckdb.Error):
+                db.close()
+        self._db.clear()
+
+    def _delete(self) -> None:
+        self._close()
+        self._epoch, self._seq, self._synced = 0, 0, False
+        for path in self._paths():
+            for stale in (path, path.with_name(path.name + ".wal"),
+                          path.with_name(path.name + ".compact")):
+                stale.unlink(missing_ok=True)
+        for directory in self._stale:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    async def apply(self, payload: bytes) -> Applied:
+        epoch, seq, units = decode_batch(payload)
+        if not self._db or epoch != self._epoch or seq != self._seq + 1:
+            raise ConflictError("this standby is not in step: it copies the store again",
+                                {"store": self.store})
+        await self._thread(self._apply, units)
+        self._seq = seq
+        return Applied(seq=seq)
+
+    def _apply(self, units: list[Unit]) -> None:
+        from memgate.storage import compaction
+
+        for file, statements in units:
+            db = self._db.get(file)
+            if db is None:
+                self._db[file] = db = compaction.plain(self._root / file)
+            if statements is None:
+                self._db[file] = compaction.rewrite(db, self._root / file, standby=True)
+                continue
+            db.begin()
+            try:
+                for sql, parameters in statements:
+                    db.execute(sql, parameters) if parameters else db.execute(sql)
+            except BaseException:
+                db.rollback()
+                raise
+            db.commit()
+
+    async def _follow(self) -> None:
+        """Join, then watch: promote when the owner is gone, copy again when out of step."""
+        while True:
+            try:
+                if await self._watch():
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("%s: %s; trying again", self.name, type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    async def _watch(self) -> bool:
+        js = self._js()
+        leases = await lease_bucket(js, replicas=self._replicas)
+        standbys = await standbys_bucket(js, replicas=self._replicas)
+        while True:
+            owner = await holder(leases, self.store)
+            record = await standby_record(standbys, self.store, self._node)
+            in_sync = bool(record and record.get("in_sync") and record.get("epoch") == self._epoch
+                           and self._epoch)
+            if owner is None:
+                if (in_sync or rebuilt(self.store)) and await self._promote():
+                    return True
+            elif owner.node != self._node and (owner.epoch != self._epoch or
+                                               (self._synced and not in_sync)):
+                if not rebuilt(self.store):
+                    await self._thread(self._delete)
+                    await self._join()
+                else:
+                    self._epoch = owner.epoch
+            await asyncio.sleep(WATCH_EVERY_S)
+
+    async def _join(self) -> None:
+        joined = await self._bus.request(subject(self.store, "join"), Join(node=self._node),
+                                         Joined)
+        for copied in joined.files:
+            await self._fetch(joined.snapshot, copied)
+        await self._thread(self._open)
+        self._epoch, self._seq = joined.epoch, joined.seq
+        synced = await self._bus.request(subject(self.store, "ready"),
+                                         Ready(node=self._node, snapshot=joined.snapshot),
+                                         InSync)
+        self._synced = True
+        log.info("%s: in sync with its owner (epoch %s, batch %s)", self.name, synced.epoch,
+                 synced.seq)
+
+    async def _fetch(self, snapshot: str, copied: CopiedFile) -> None:
+        target = self._root / copied.file
+        partial = target.with_name(target.name + ".copy")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("wb") as out:
+            offset = 0
+            while True:
+                page = await self._bus.request(
+                    subject(self.store, "page"),
+                    Page(snapshot=snapshot, file=copied.file, offset=offset), PageData)
+                data = base64.b64decode(page.data)
+                out.write(data)
+                offset += len(data)
+                if page.last:
+                    break
+            out.flush()
+            os.fsync(out.fileno())
+        target.with_name(target.name + ".wal").unlink(missing_ok=True)
+        os.replace(partial, target)
+
+    def _open(self) -> None:
+        from memgate.storage import compaction
+
+        for path in self._paths():
+            if path.exists():
+                self._db[path.relative_to(self._root).as_posix()] = compaction.plain(path)
+
+    async def _promote(self) -> bool:
+        """This copy becomes the store: its home moved here (one winner), then its actor
+        started on it. False: another standby won."""
+        from memgate.cluster.ownership import homes_bucket
+
+        homes = await homes_bucket(self._js(), replicas=self._replicas)
+        entry = await homes.get(self.store)
+        if entry.value is not None and dict(json.loads(entry.value)) != self._home:
+            try:
+                await homes.update(self.store, json.dumps(self._home).encode(),
+                                   last=entry.revision)
+            except KeyWrongLastSequenceError:
+                return False
+        await self._thread(self._close)
+        log.warning("%s: its owner is gone; serving it on this node", self.store)
+        self._promoted = True
+        await self._become()
+        return True
+
+
+class _Thread:
+    """One thread for a standby's files (its own: the store it copies has no writer here)."""
+
+    def __init__(self, name: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def __call__(self, fn: Callable[..., R], *args: object) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+__all__ = ["STANDBYS", "Primary", "Recording", "Standby", "files_of", "in_sync_standbys",
+           "journaled", "movable", "opened", "primary", "raw", "record_under", "recording",
+           "rebuilt", "retire", "rewritten", "serve", "standbys_bucket"]
