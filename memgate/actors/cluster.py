@@ -1,5 +1,6 @@
-"""The cluster actor: answers the operator's `GET /api/admin/cluster` from the leases and homes
-buckets (`cluster.ownership`). Stateless, in the `front`; reads, never writes, the buckets."""
+"""The cluster actor: answers the operator's `GET /api/admin/cluster` from the leases, homes and
+standbys buckets (`cluster.ownership`, `cluster.replication`). Stateless, in the `front`;
+reads, never writes, the buckets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from nats.js.errors import BucketNotFoundError
 from memgate.bus.subjects import Admin
 from memgate.cluster.lease import BUCKET, holder
 from memgate.cluster.ownership import HOMES, home_of
+from memgate.cluster.replication import STANDBYS, in_sync
 from memgate.contracts.cluster import ClusterStatus, StoreOwner
 from memgate.contracts.reply import Envelope
 from memgate.runtime.actor import ActorBase, Endpoint, Operator
@@ -38,12 +40,19 @@ class ClusterActor(ActorBase):
             homes, leases = await js.key_value(HOMES), await js.key_value(BUCKET)
         except BucketNotFoundError:  # nothing has claimed a store yet
             return ClusterStatus(nodes=[], stores=[StoreOwner(name=n) for n in self._names])
+        try:
+            standbys = await js.key_value(STANDBYS)
+        except BucketNotFoundError:  # nothing is replicated: one node
+            standbys = None
         stores = []
         for name in self._names:
             home, lease = await home_of(homes, name), await holder(leases, name)
-            stores.append(StoreOwner(name=name, home=None if home is None else home.get("node"),
-                                     served_by=None if lease is None else lease.node,
-                                     epoch=None if lease is None else lease.epoch))
+            synced = None if standbys is None else await in_sync(standbys, name)
+            stores.append(StoreOwner(
+                name=name, home=None if home is None else home.get("node"),
+                served_by=None if lease is None else lease.node,
+                epoch=None if lease is None else lease.epoch,
+                in_sync=synced.nodes if synced and lease and synced.epoch == lease.epoch else []))
         nodes = sorted({n for s in stores for n in (s.home, s.served_by) if n is not None})
         return ClusterStatus(nodes=nodes, stores=stores)
 

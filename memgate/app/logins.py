@@ -11,7 +11,7 @@ import hmac
 import secrets
 
 from memgate.app.settings import Settings
-from memgate.bus.logins import ROLES, inbox_prefix
+from memgate.bus.logins import ROLES
 from memgate.bus.server import Login
 
 
@@ -36,5 +36,5 @@ def internal_logins(settings: Settings) -> dict[str, Login]:
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     return {kind: Login(f"{settings.nats_user}-{kind}", password(kind),
-                        role.permissions(inbox_prefix(kind)))
+                        role.permissions(kind))
             for kind, role in ROLES.items()}

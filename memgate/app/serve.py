@@ -31,6 +31,7 @@ from memgate.app.logins import internal_logins
 from memgate.app.system import Bus, external_bus, start_actors, start_server, start_system
 from memgate.bus.streams import ensure_events_stream
 from memgate.cluster.ownership import Disk, owned, settle_homes, until_jetstream_answers
+from memgate.cluster.replication import movable
 from memgate.observe import exposition
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
@@ -133,14 +134,16 @@ async def serve_supervised(settings: Settings, *, inherit: tuple[int, ...] = ())
 
 
 async def _elsewhere(settings: Settings, bus: Bus) -> list[str]:
-    """The single-writer actors of the layout whose home is another node (`cluster.ownership`):
-    this node makes itself the home of those that have none yet."""
+    """The single-writer actors of the layout whose home is another node and that do not move
+    (`cluster.ownership`; the others have a standby here, `cluster.replication`): this node
+    makes itself the home of those that have none yet."""
     names = [name for group in groups(settings) for name in sorted(group.actors) if owned(name)]
     nc = await nats.connect(bus.url, name="memgate-homes", **bus.login("storage"))
     try:
         js = nc.jetstream(timeout=settings.request_timeout_s)
-        elsewhere = await settle_homes(js, Disk.of(settings.data_dir, settings.node), names,
-                                       replicas=settings.stream_replicas())
+        homed = await settle_homes(js, Disk.of(settings.data_dir, settings.node), names,
+                                   replicas=settings.stream_replicas())
+        elsewhere = [name for name in homed if not (settings.routes and movable(name))]
         # the streams with all their copies before any consumer of them starts
         await until_jetstream_answers(
             lambda: ensure_events_stream(js, replicas=settings.stream_replicas()))

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cache, partial
+from pathlib import Path
 from typing import Any
 
 from memgate.actors.audit import AuditActor
@@ -31,8 +32,12 @@ from memgate.actors.storage import StorageActor
 from memgate.app import ram
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
-from memgate.cluster.ownership import Disk, Ownership, owned, single_writers
-from memgate.bus import EmbeddedNats, subjects
+from memgate.cluster import replication
+from memgate.cluster.ownership import (
+    Disk, Ownership, home_of, homes_bucket, owned, single_writers, until_jetstream_answers,
+)
+from memgate.cluster.replication import Standby
+from memgate.bus import EmbeddedNats, NatsRouter, subjects
 from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, PUBLIC_COMMANDS, ROLES, inbox_prefix, kind_of
@@ -40,7 +45,7 @@ from memgate.bus.server import ClusterSpec, Login, server_config
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
-from memgate.runtime.actor import Actor, answered
+from memgate.runtime.actor import Actor, answered, routed
 from memgate.storage import Limits
 from memgate.storage.quotas import Quota
 
@@ -249,7 +254,7 @@ async def start_system(settings: Settings, stack: AsyncExitStack, *,
     return bus
 
 
-async def stop_together(actors: list[Actor]) -> None:
+async def stop_together(actors: list[Actor | Standby]) -> None:
     results = await asyncio.gather(*(actor.stop() for actor in actors), return_exceptions=True)
     for actor, result in zip(actors, results, strict=True):
         if isinstance(result, Exception):
@@ -271,11 +276,33 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
     here too, else its owner calls `sync()` once the directory listens."""
+    elsewhere: set[str] = set()  # stores another node owns: a standby of each runs here
+
     def wanted(name: str) -> bool:
-        return name not in skip and (only is None or name in only)
+        return name not in skip and name not in elsewhere and (only is None or name in only)
 
     kinds = KindConnections(bus, timeout=settings.request_timeout_s,
                             replicas=settings.stream_replicas())
+    standbys: list[Standby] = []
+    if settings.routes:  # clustered: every store has a standby on each other node
+        replication.record_under(settings.data_dir)
+        disk = Disk.of(settings.data_dir, settings.node)
+        stores = [name for name in single_writers(settings.partition_names())
+                  if wanted(name) and replication.movable(name)]
+        elsewhere |= await _homed_elsewhere(settings, kinds, stack, disk, stores)
+
+        def standby(name: str) -> Standby:
+            async def become() -> None:
+                await start_actors(settings, bus, stack, only=frozenset({name}), server=server,
+                                   logins=logins, governs=governs, on_lost=on_lost)
+
+            kind = kind_of(name)
+            return Standby(name, node=disk.node, bus=kinds.client(kind),
+                           js=partial(kinds.jetstream, kind), data_dir=settings.data_dir,
+                           become=become, disk_home=disk.home(),
+                           replicas=settings.stream_replicas(), stale=_derived(settings, name))
+
+        standbys = [standby(name) for name in sorted(elsewhere)]
     actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
                           governs=governs)
     authority = None
@@ -284,8 +311,10 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                                        logins=logins or [])
         if wanted(authority.name):
             actors.append(authority)
-    for kind in dict.fromkeys(kind_of(actor.name) for actor in actors):
+    for kind in dict.fromkeys([*(kind_of(actor.name) for actor in actors),
+                               *(kind_of(standby.store) for standby in standbys)]):
         await kinds.connect(kind, stack)
+    ownership = None
     if claimed := [actor.name for actor in actors if owned(actor.name)]:
         ownership = Ownership(kinds.jetstream(kind_of(claimed[0])),
                               Disk.of(settings.data_dir, settings.node),
@@ -294,29 +323,41 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         stack.push_async_callback(ownership.release)  # once the actors have stopped
         await ownership.claim(claimed)
     brokers: dict[str, NatsBroker] = {}
-    started: list[Actor] = []
+    started: list[Actor | Standby] = []
     # Stopped together, after their brokers (nothing reaches them any more) and before their
     # connections close: each lets its consumers finish the batch in hand, and one after
     # another would add those waits up.
     stack.push_async_callback(stop_together, started)
 
-    async def start(actor: Actor) -> None:
+    async def start(actor: Actor | Standby) -> None:
         await actor.start()
         started.append(actor)
 
     # Together: each opens its files or loads its model on threads of its own, and none
     # serves or asks another before the brokers start below.
-    outcomes = await asyncio.gather(*(start(actor) for actor in actors), return_exceptions=True)
+    everyone: list[Actor | Standby] = [*actors, *standbys]
+    outcomes = await asyncio.gather(*(start(actor) for actor in everyone),
+                                    return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
+    routers: list[tuple[str, NatsRouter]] = [
+        (kind_of(actor.name), actor.router()) for actor in actors]
+    routers += [(kind_of(s.store), routed(s.endpoints())) for s in standbys]
+    if settings.routes and ownership is not None:  # the owner's side: it ships to standbys
+        for name in claimed:
+            if replication.files_of(name):
+                primary = await _primary(settings, kinds, ownership, name)
+                stack.callback(replication.retire, name)
+                routers.append((kind_of(name), routed(primary.endpoints())))
     for actor in actors:
         kind = kind_of(actor.name)
         if isinstance(actor, GovernanceActor):  # the adapters of this process ask it here
             bus.here.update(answered([actor]))
+    for kind, router in routers:
         if kind not in brokers:
             brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
-        brokers[kind].include_router(actor.router())
+        brokers[kind].include_router(router)
     for broker in brokers.values():
         await broker.start()
         stack.push_async_callback(broker.stop)
@@ -325,3 +366,44 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         await authority.sync()
     log.info("actors started on %s", bus.url)
     return authority
+
+
+async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
+                           disk: Disk, names: list[str]) -> set[str]:
+    """Those of `names` whose files another disk keeps (`cluster.ownership`)."""
+    if not names:
+        return set()
+    kind = kind_of(names[0])
+    await kinds.connect(kind, stack)
+
+    async def read() -> set[str]:
+        homes = await homes_bucket(kinds.jetstream(kind), replicas=settings.stream_replicas())
+        found = {name: await home_of(homes, name) for name in names}
+        return {name for name, home in found.items() if home not in (None, disk.home())}
+
+    return await until_jetstream_answers(read)
+
+
+def _derived(settings: Settings, name: str) -> list[Path]:
+    """What a rebuilt store leaves on a disk that no longer serves it: deleted."""
+    kind, _, partition = name.partition(".")
+    if kind == "indexer":
+        return [settings.text_index(partition)]
+    if kind == "embedder":
+        vectors = settings.data_dir / "partitions" / partition / "vectors.duckdb"
+        return [vectors, vectors.with_name(vectors.name + ".wal")]
+    return []
+
+
+async def _primary(settings: Settings, kinds: KindConnections, ownership: Ownership,
+                   name: str) -> replication.Primary:
+    """`name`'s owner side, serving from here on: each commit applied by its standbys."""
+    kind = kind_of(name)
+    kv = await until_jetstream_answers(partial(
+        replication.standbys_bucket, kinds.jetstream(kind), replicas=settings.stream_replicas()))
+    primary = replication.Primary(name, lease=ownership.leases[name], bus=kinds.client(kind),
+                                  kv=kv, data_dir=settings.data_dir,
+                                  timeout_s=settings.request_timeout_s / 2)
+    await until_jetstream_answers(primary.record)  # a new epoch: no standby in sync yet
+    replication.serve(primary)
+    return primary

@@ -35,9 +35,11 @@ JETSTREAM_DENIED: Final = tuple(f"$JS.API.{api}" for api in (
     "CONSUMER.DELETE.>", "ACCOUNT.PURGE.>", "SERVER.REMOVE", "META.LEADER.STEPDOWN"))
 
 
-# What a single-writer kind needs to claim its actors (`cluster.ownership`): the leases and homes
-# buckets, and nothing else of JetStream unless its role says so.
-OWNERSHIP: Final = tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES") for grant in (
+# What a single-writer kind needs to claim its actors (`cluster.ownership`) and keep standbys of
+# them (`cluster.replication`): the leases, homes and standbys buckets, and nothing else of
+# JetStream unless its role says so.
+OWNERSHIP: Final = tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES",
+                                              "MEMGATE_STANDBYS") for grant in (
     f"$KV.{bucket}.>", f"$JS.API.STREAM.INFO.KV_{bucket}", f"$JS.API.STREAM.CREATE.KV_{bucket}",
     f"$JS.API.STREAM.UPDATE.KV_{bucket}", f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
     f"$JS.API.DIRECT.GET.KV_{bucket}.>"))
@@ -53,17 +55,22 @@ class Role:
     jetstream: bool = False
     owns: bool = False  # a single-writer kind: claims its actors through leases
 
-    def permissions(self, own_inbox: str) -> dict[str, object]:
-        """nats-server `permissions` for a user of this role, its replies on `own_inbox`."""
+    def permissions(self, kind: str) -> dict[str, object]:
+        """nats-server `permissions` for a user of this role (`kind`), its replies on its own
+        inbox. A kind that owns its stores also talks to its own kind on other nodes: an owner
+        and its standbys (`subjects.replica`)."""
+        own_inbox = inbox_prefix(kind)
         answers = {*self.callers, ADAPTER} if self.subscribe else set()  # readiness: adapter
-        replies = [f"{inbox_prefix(kind)}.>" for kind in sorted(answers)]
+        replies = [f"{inbox_prefix(caller)}.>" for caller in sorted(answers)]
+        replicas = (subjects.replica(f"{kind}.>"),) if self.owns else ()
         publish = [*self.publish, *replies, *(JETSTREAM if self.jetstream else ()),
-                   *(OWNERSHIP if self.owns else ())]
+                   *(OWNERSHIP if self.owns else ()),
+                   *((*replicas, f"{own_inbox}.>") if self.owns else ())]
         allowed: dict[str, object] = {"allow": publish}
         if self.jetstream or self.owns:
             allowed["deny"] = list(JETSTREAM_DENIED)
         return {"publish": allowed,
-                "subscribe": {"allow": [*self.subscribe, f"{own_inbox}.>"]},
+                "subscribe": {"allow": [*self.subscribe, f"{own_inbox}.>", *replicas]},
                 "allow_responses": True}
 
 
@@ -162,7 +169,8 @@ ROLES: Final[dict[str, Role]] = {
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),
         callers=("directory",)),
     "cluster": Role(  # the operator's view of the leases and homes: reads them, nothing more
-        publish=tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES") for grant in (
+        publish=tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES",
+                                           "MEMGATE_STANDBYS") for grant in (
             f"$JS.API.STREAM.INFO.KV_{bucket}", f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
             f"$JS.API.DIRECT.GET.KV_{bucket}.>")),
         subscribe=(subjects.admin("cluster.>"), _ready("cluster"))),

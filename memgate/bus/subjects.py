@@ -150,5 +150,13 @@ def dead_letter(durable: str) -> str:
     return f"mem.dlq.{durable}"
 
 
+REPLICA_PREFIX: Final = "mem.int.replica"
+
+
+def replica(operation: str) -> str:
+    """Between a store's owner and its standbys (`cluster.replication`): `<store>.<op>`."""
+    return f"{REPLICA_PREFIX}.{operation}"
+
+
 def ready(actor: str) -> str:
     return f"mem.int.ready.{actor}"

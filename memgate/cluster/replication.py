@@ -34,6 +34,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -44,6 +45,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from memgate.bus import subjects
 from memgate.bus.replies import Endpoint
 from memgate.cluster.lease import PartitionLease, holder, lease_bucket
 from memgate.contracts.base import Contract
@@ -54,10 +56,10 @@ log = logging.getLogger("memgate.cluster")
 R = TypeVar("R")
 
 STANDBYS = "MEMGATE_STANDBYS"
-PREFIX = "mem.int.replica"
 CHUNK = 256 * 1024  # bytes of a file per page of a full copy
 APPLY_TIMEOUT_S = 3.0  # a standby that has not applied a batch by then leaves the in-sync set
 WATCH_EVERY_S = 0.5  # how often a standby looks at its owner's lease and its own record
+WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
 # The statements that change nothing in the file: not shipped.
 _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
           "ATTACH", "DETACH", "USE", "SUMMARIZE", "FROM", "WITH")
@@ -72,14 +74,18 @@ def files_of(name: str) -> tuple[str, ...]:
     kind, _, partition = name.partition(".")
     if kind == "storage":
         return (f"partitions/{partition}/memories.duckdb",)
-    if kind == "embedder":
-        return (f"partitions/{partition}/vectors.duckdb",)
     return _FILES.get(name, ())
 
 
 def rebuilt(name: str) -> bool:
-    """A store whose files are derived and rebuilt where it moves (the Tantivy indexes)."""
-    return name.startswith("indexer.")
+    """A store derived from its partition's memories, rebuilt where the partition moves (the
+    Tantivy indexes and the vectors: docs/DECISIONS.md, "Derived data is rebuilt")."""
+    return name.startswith(("indexer.", "embedder."))
+
+
+def follows(name: str) -> str | None:
+    """The store a rebuilt one moves with (`storage.pN` for `indexer.pN`)."""
+    return f"storage.{name.partition('.')[2]}" if rebuilt(name) else None
 
 
 def movable(name: str) -> bool:
@@ -87,14 +93,15 @@ def movable(name: str) -> bool:
 
 
 def subject(name: str, operation: str) -> str:
-    return f"{PREFIX}.{name}.{operation}"
+    return subjects.replica(f"{name}.{operation}")
 
 
 # --- recording, on the owner's writer thread ------------------------------------------------
 
 _root: Path | None = None  # the data directory, once this process records (`record_under`)
 _local = threading.local()  # .units: what the running job committed; .tx: its open transaction
-Unit = tuple[str, list[tuple[str, list[Any]]] | None]  # (file, statements), or (file, None): rewritten
+# (file, its statements), or (file, None): the file was rewritten
+Unit = tuple[str, list[tuple[str, list[Any]]] | None]
 
 
 def record_under(data_dir: Path) -> None:
@@ -164,8 +171,8 @@ def _writes(sql: str) -> bool:
 
 def _committed(unit: Unit) -> None:
     units = getattr(_local, "units", None)
-    if units is None:
-        log.error("a write to %s outside its owner's jobs is not replicated", unit[0])
+    if units is None:  # opening the file, before anyone can copy it
+        log.debug("a write to %s outside its owner's jobs is not shipped", unit[0])
         return
     units.append(unit)
 
@@ -278,8 +285,11 @@ class Ready(Contract):
 
 
 class InSync(Contract):
+    """The standbys of a store that have applied every batch its owner acknowledged (the
+    `MEMGATE_STANDBYS` record, one per store, written by its owner only)."""
+
     epoch: int
-    seq: int
+    nodes: list[str]
 
 
 async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
@@ -289,28 +299,13 @@ async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValu
         return await js.create_key_value(bucket=STANDBYS, history=1, replicas=replicas)
 
 
-async def standby_record(kv: KeyValue, name: str, node: str) -> dict[str, Any] | None:
+async def in_sync(kv: KeyValue, name: str) -> InSync | None:
+    """The standbys `name`'s owner last recorded in sync, and its epoch (None: no record)."""
     try:
-        entry = await kv.get(f"{name}.{node}")
+        entry = await kv.get(name)
     except KeyNotFoundError:
         return None
-    return None if entry.value is None else dict(json.loads(entry.value))
-
-
-async def in_sync_standbys(kv: KeyValue, name: str, epoch: int) -> list[str]:
-    """The nodes recorded in sync with `name` under `epoch` (what `cluster status` shows)."""
-    try:
-        keys = await kv.keys()
-    except Exception:  # no keys yet
-        return []
-    nodes = []
-    for key in keys:
-        if key.startswith(f"{name}.") and key.count(".") == name.count(".") + 1:
-            node = key.rsplit(".", 1)[1]
-            record = await standby_record(kv, name, node)
-            if record and record.get("in_sync") and record.get("epoch") == epoch:
-                nodes.append(node)
-    return sorted(nodes)
+    return None if entry.value is None else InSync.model_validate_json(entry.value)
 
 
 # --- the owner's side -------------------------------------------------------------------------
@@ -328,30 +323,46 @@ class Primary:
     standbys in order, and copies the store for a standby that joins."""
 
     def __init__(self, name: str, *, lease: PartitionLease, bus: Requester, kv: KeyValue,
-                 data_dir: Path, run: Callable[[Callable[[], R]], Awaitable[R]],
-                 timeout_s: float = APPLY_TIMEOUT_S) -> None:
+                 data_dir: Path, timeout_s: float = APPLY_TIMEOUT_S) -> None:
         self.name = name
         self._lease = lease
         self._bus = bus
         self._kv = kv
         self._root = data_dir.resolve()
-        self._run = run  # a call on the store's writer thread
+        self._run = _writers[name]  # a call on the store's writer thread, not shipped
         self._timeout_s = timeout_s
         self._numbered = 0  # the last seq given, on the writer's thread
         self._shipped = 0  # the last seq shipped, on the event loop
         self._turn = asyncio.Condition()
         self._followers: dict[str, _Follower] = {}
-        self._out: set[str] = set()  # left the in-sync set, not yet recorded so
+        self._in_sync: set[str] = set()
+        self._recorded: set[str] | None = None  # what the record says (None: not yet written)
 
     @property
     def epoch(self) -> int:
         lease = self._lease.lease
         return 0 if lease is None else lease.epoch
 
-    def number(self) -> int:
-        """The next batch's seq (on the writer's thread, so in commit order)."""
+    def journal(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., R], *args: object,
+                ) -> tuple[R | None, BaseException | None, Future[None] | None]:
+        """On the writer's thread: run `fn`, number what it committed (so in commit order) and
+        hand it to the event loop to ship. `committed` waits for that, on the loop."""
+        result, exc, units = journaled(fn, *args)
+        if not units:
+            return result, exc, None
         self._numbered += 1
-        return self._numbered
+        return result, exc, asyncio.run_coroutine_threadsafe(
+            self.ship(self._numbered, units), loop)
+
+    async def committed(self, outcome: tuple[R | None, BaseException | None,
+                                             Future[None] | None]) -> R:
+        """The call's result once every in-sync standby applied what it committed."""
+        result, exc, shipped = outcome
+        if shipped is not None:
+            await asyncio.wrap_future(shipped)
+        if exc is not None:
+            raise exc
+        return result  # type: ignore[return-value]  # None only where `fn` returned it
 
     async def ship(self, seq: int, units: list[Unit]) -> None:
         """Batch `seq` applied by every in-sync standby (after all before it), or those that
@@ -367,13 +378,16 @@ class Primary:
 
     async def _send(self, seq: int, batch: bytes) -> None:
         now = []
-        for follower in self._followers.values():
+        for follower in list(self._followers.values()):
             if seq <= follower.after:
                 continue
             if follower.waiting is not None:
                 follower.waiting.append(batch)
+                if len(follower.waiting) > WAITING_AT_MOST:  # it never came back for them
+                    self._drop(follower.node)
             else:
                 now.append(follower)
+        now = [f for f in now if f.node in self._followers]
         results = await asyncio.gather(*(self._apply(f.node, batch) for f in now),
                                        return_exceptions=True)
         for follower, result in zip(now, results, strict=True):
@@ -391,17 +405,25 @@ class Primary:
         follower = self._followers.pop(node, None)
         if follower is not None and follower.snapshot is not None:
             shutil.rmtree(follower.snapshot, ignore_errors=True)
-        self._out.add(node)
+        self._in_sync.discard(node)
 
     async def _record_out(self) -> None:
-        for node in sorted(self._out):
-            try:
-                await self._kv.put(f"{self.name}.{node}", json.dumps(
-                    {"epoch": self.epoch, "in_sync": False}).encode())
-            except Exception as exc:
-                raise UnavailableError("a standby left the in-sync set and that could not be "
-                                       "recorded", {"store": self.name}) from exc
-            self._out.discard(node)
+        """The record no longer names a standby that left the in-sync set: before anyone is
+        answered, so an out-of-date copy is never promoted."""
+        if self._recorded is not None and self._recorded <= self._in_sync:
+            return
+        try:
+            await self.record()
+        except Exception as exc:
+            raise UnavailableError("a standby left the in-sync set and that could not be "
+                                   "recorded", {"store": self.name}) from exc
+
+    async def record(self) -> None:
+        """Write the in-sync set (at the start of an epoch: none yet)."""
+        self._lease.check()  # only the owner writes it
+        nodes = set(self._in_sync)
+        await self._kv.put(self.name, InSync(epoch=self.epoch, nodes=sorted(nodes)).to_json())
+        self._recorded = nodes
 
     # a standby joining: its copy, its pages, then in sync
 
@@ -413,7 +435,7 @@ class Primary:
     async def join(self, payload: bytes) -> Joined:
         request = Join.model_validate_json(payload)
         self._drop(request.node)
-        self._out.discard(request.node)
+        await self._record_out()
         snapshot = self._root / "replicas" / "outgoing" / uuid.uuid4().hex
         files, seq = await self._run(lambda: self._copy(request.node, snapshot))
         return Joined(snapshot=snapshot.name, epoch=self.epoch, seq=seq, files=files)
@@ -466,13 +488,19 @@ class Primary:
         follower.waiting = None  # from here on each batch is sent as it commits
         shutil.rmtree(follower.snapshot, ignore_errors=True)
         follower.snapshot = None
-        await self._kv.put(f"{self.name}.{request.node}", json.dumps(
-            {"epoch": self.epoch, "in_sync": True}).encode())
+        self._in_sync.add(request.node)
+        await self.record()
         log.info("standby %s of %s is in sync (epoch %s)", request.node, self.name, self.epoch)
-        return InSync(epoch=self.epoch, seq=self._shipped)
+        return InSync(epoch=self.epoch, nodes=sorted(self._in_sync))
 
 
 _primaries: dict[str, Primary] = {}
+_writers: dict[str, Callable[[Callable[[], Any]], Awaitable[Any]]] = {}
+
+
+def writer(name: str, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
+    """The writer thread of `name` (`runtime.actor.Serial`): where its owner copies it."""
+    _writers[name] = run
 
 
 def primary(name: str) -> Primary | None:
@@ -506,16 +534,16 @@ class Standby:
         self._become = become
         self._home = disk_home
         self._replicas = replicas
-        self._stale = tuple(stale)  # what else to delete (a rebuilt store's directory)
+        self._stale = tuple(stale)  # what else to delete (a rebuilt store's files)
         self._db: dict[str, duckdb.DuckDBPyConnection] = {}
         self._epoch = 0
         self._seq = 0
-        self._synced = False
         self._task: asyncio.Task[None] | None = None
         self._thread = _Thread(self.name)
-        self._promoted = False
 
     def endpoints(self) -> list[Endpoint]:
+        if rebuilt(self.store):
+            return []
         return [Endpoint(subject(self.store, f"apply.{self._node}"), self.apply)]
 
     async def start(self) -> None:
@@ -540,20 +568,28 @@ class Standby:
 
     def _delete(self) -> None:
         self._close()
-        self._epoch, self._seq, self._synced = 0, 0, False
+        self._epoch, self._seq = 0, 0
         for path in self._paths():
             for stale in (path, path.with_name(path.name + ".wal"),
                           path.with_name(path.name + ".compact")):
                 stale.unlink(missing_ok=True)
-        for directory in self._stale:
-            shutil.rmtree(directory, ignore_errors=True)
+        for stale in self._stale:
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
     async def apply(self, payload: bytes) -> Applied:
         epoch, seq, units = decode_batch(payload)
         if not self._db or epoch != self._epoch or seq != self._seq + 1:
+            self._epoch = 0  # out of step: it copies the store again
             raise ConflictError("this standby is not in step: it copies the store again",
                                 {"store": self.store})
-        await self._thread(self._apply, units)
+        try:
+            await self._thread(self._apply, units)
+        except BaseException:
+            self._epoch = 0
+            raise
         self._seq = seq
         return Applied(seq=seq)
 
@@ -594,19 +630,20 @@ class Standby:
         standbys = await standbys_bucket(js, replicas=self._replicas)
         while True:
             owner = await holder(leases, self.store)
-            record = await standby_record(standbys, self.store, self._node)
-            in_sync = bool(record and record.get("in_sync") and record.get("epoch") == self._epoch
-                           and self._epoch)
-            if owner is None:
-                if (in_sync or rebuilt(self.store)) and await self._promote():
+            if rebuilt(self.store):  # nothing to copy: it moves with its partition
+                if owner is None and await self._promote():
                     return True
-            elif owner.node != self._node and (owner.epoch != self._epoch or
-                                               (self._synced and not in_sync)):
-                if not rebuilt(self.store):
-                    await self._thread(self._delete)
-                    await self._join()
-                else:
-                    self._epoch = owner.epoch
+                await asyncio.sleep(WATCH_EVERY_S)
+                continue
+            record = await in_sync(standbys, self.store)
+            synced = bool(self._epoch and record and record.epoch == self._epoch
+                          and self._node in record.nodes)
+            if owner is None:
+                if synced and await self._promote():
+                    return True
+            elif owner.node != self._node and (owner.epoch != self._epoch or not synced):
+                await self._thread(self._delete)  # another owner: its copy, from scratch
+                await self._join()
             await asyncio.sleep(WATCH_EVERY_S)
 
     async def _join(self) -> None:
@@ -616,12 +653,10 @@ class Standby:
             await self._fetch(joined.snapshot, copied)
         await self._thread(self._open)
         self._epoch, self._seq = joined.epoch, joined.seq
-        synced = await self._bus.request(subject(self.store, "ready"),
-                                         Ready(node=self._node, snapshot=joined.snapshot),
-                                         InSync)
-        self._synced = True
-        log.info("%s: in sync with its owner (epoch %s, batch %s)", self.name, synced.epoch,
-                 synced.seq)
+        await self._bus.request(subject(self.store, "ready"),
+                                Ready(node=self._node, snapshot=joined.snapshot), InSync)
+        log.info("%s: in sync with its owner (epoch %s, batch %s)", self.name, joined.epoch,
+                 self._seq)
 
     async def _fetch(self, snapshot: str, copied: CopiedFile) -> None:
         target = self._root / copied.file
@@ -652,21 +687,31 @@ class Standby:
 
     async def _promote(self) -> bool:
         """This copy becomes the store: its home moved here (one winner), then its actor
-        started on it. False: another standby won."""
-        from memgate.cluster.ownership import homes_bucket
+        started on it. False: another node won, or must first (a rebuilt store moves only
+        with its partition)."""
+        from memgate.cluster.ownership import home_of, homes_bucket
 
         homes = await homes_bucket(self._js(), replicas=self._replicas)
-        entry = await homes.get(self.store)
-        if entry.value is not None and dict(json.loads(entry.value)) != self._home:
-            try:
+        partition = follows(self.store)
+        if partition is not None and await home_of(homes, partition) != self._home:
+            return False
+        try:
+            entry = await homes.get(self.store)
+            if entry.value is None or dict(json.loads(entry.value)) != self._home:
                 await homes.update(self.store, json.dumps(self._home).encode(),
                                    last=entry.revision)
-            except KeyWrongLastSequenceError:
-                return False
+        except KeyNotFoundError:
+            await homes.create(self.store, json.dumps(self._home).encode())
+        except KeyWrongLastSequenceError:
+            return False
         await self._thread(self._close)
         log.warning("%s: its owner is gone; serving it on this node", self.store)
-        self._promoted = True
-        await self._become()
+        try:
+            await self._become()
+        except Exception as exc:  # its lease was taken meanwhile: a standby again
+            log.warning("%s: could not serve it here (%s)", self.store, type(exc).__name__)
+            self._epoch = 0
+            return False
         return True
 
 
@@ -685,6 +730,6 @@ class _Thread:
         self._pool.shutdown(wait=True)
 
 
-__all__ = ["STANDBYS", "Primary", "Recording", "Standby", "files_of", "in_sync_standbys",
+__all__ = ["STANDBYS", "InSync", "Primary", "Recording", "Standby", "files_of", "in_sync",
            "journaled", "movable", "opened", "primary", "raw", "record_under", "recording",
            "rebuilt", "retire", "rewritten", "serve", "standbys_bucket"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from memgate.contracts.base import Contract
 
 
@@ -13,6 +15,8 @@ class StoreOwner(Contract):
     home: str | None = None
     served_by: str | None = None
     epoch: int | None = None
+    # the nodes whose copy has every write its owner acknowledged
+    in_sync: list[str] = Field(default_factory=list)
 
 
 class ClusterStatus(Contract):

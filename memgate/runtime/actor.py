@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar, overload
 
-from memgate.cluster import fence
+from memgate.cluster import fence, replication
 from memgate.bus import NatsRouter, ok_bytes, parse, replying, subjects
 from memgate.bus.replies import Endpoint, Handler
 from memgate.contracts import Contract, Envelope
@@ -55,13 +55,19 @@ class ActorBase:
         return {}
 
     def router(self) -> NatsRouter:
-        router = NatsRouter()
-        for endpoint in [*self.endpoints(), readiness(self.name)]:
-            router.subscriber(endpoint.subject, endpoint.queue,
-                              max_workers=endpoint.max_workers)(replying(endpoint.handler))
-        for subject, listener in self.listeners().items():
-            router.subscriber(subject)(listener)
-        return router
+        return routed([*self.endpoints(), readiness(self.name)], self.listeners())
+
+
+def routed(endpoints: Collection[Endpoint],
+           listeners: dict[str, Listener] | None = None) -> NatsRouter:
+    """A router answering `endpoints` and hearing `listeners` (by subject)."""
+    router = NatsRouter()
+    for endpoint in endpoints:
+        router.subscriber(endpoint.subject, endpoint.queue,
+                          max_workers=endpoint.max_workers)(replying(endpoint.handler))
+    for subject, listener in (listeners or {}).items():
+        router.subscriber(subject)(listener)
+    return router
 
 
 def answered(actors: Collection[Actor]) -> dict[str, Handler]:
@@ -132,14 +138,29 @@ def _lower_priority() -> None:
 class Serial:
     """Runs blocking calls one at a time on a thread of their own (one writer, event loop free).
     `background`: the thread runs at a lower priority, for work no command waits on. None runs
-    in a process that lost a lease on its stores (`cluster.fence`: `LeaseLostError`)."""
+    in a process that lost a lease on its stores (`cluster.fence`: `LeaseLostError`).
+
+    The writer of a replicated store (`name` is the store's, `cluster.replication`): once its
+    owner serves standbys, what a call committed is applied by every in-sync standby before
+    the call returns."""
 
     def __init__(self, name: str, *, background: bool = False) -> None:
+        self._name = name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
                                         initializer=_lower_priority if background else None)
+        replication.writer(name, self.unreplicated)
 
     async def __call__(self, fn: Callable[..., R], *args: object) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _fenced, fn, *args)
+        loop = asyncio.get_running_loop()
+        primary = replication.primary(self._name)
+        if primary is None:
+            return await loop.run_in_executor(self._pool, _fenced, fn, *args)
+        return await primary.committed(
+            await loop.run_in_executor(self._pool, primary.journal, loop, _fenced, fn, *args))
+
+    async def unreplicated(self, fn: Callable[[], R]) -> R:
+        """`fn` on the thread, between two calls, its writes not shipped (a copy's)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -206,4 +227,4 @@ def readiness(name: str) -> Endpoint:
 
 
 __all__ = ["Actor", "ActorBase", "Endpoint", "EnvelopeHandler", "Listener", "Opened", "Operator",
-           "Serial", "answered", "enveloped", "ok_bytes", "partition_of", "readiness"]
+           "Serial", "answered", "routed", "enveloped", "ok_bytes", "partition_of", "readiness"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from memgate.storage import outbox
+from memgate.storage import compaction, outbox
 from memgate.storage.transaction import transaction
 
 SCHEMA = """
@@ -87,7 +87,7 @@ class RegistryStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = duckdb.connect(str(path))
+        self._db = compaction.connect(path)
         self._db.execute(SCHEMA)
         outbox.create(self._db)
         self._workspaces: dict[str, Workspace] = {}
