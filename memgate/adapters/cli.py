@@ -254,6 +254,26 @@ def cluster_status(
     Console().print(table)
 
 
+@cluster.command("drain")
+def cluster_drain(
+    node: Annotated[str, typer.Argument(help="the node to empty, e.g. n1")],
+    data_dir: Annotated[Path | None, typer.Option(help="the data directory of memgate up")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each store")] = 60.0,
+) -> None:
+    """Hand every store that NODE serves over to an in-sync standby on another node, one
+    after another, with progress; then NODE can be stopped without a lost write."""
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    if not (settings.data_dir / "nats" / "internal.secret").exists():
+        raise typer.BadParameter(f"no memgate has run on {settings.data_dir}",
+                                 param_hint="--data-dir")
+    from memgate.cluster.drain import drain
+
+    left = asyncio.run(drain(settings, node, timeout_s=timeout, say=typer.echo))
+    if left:
+        typer.echo(f"memgate: still on {node}: {', '.join(left)}", err=True)
+        raise typer.Exit(1)
+
+
 # --- admin: the same calls as the REST admin API ---
 
 Url = Annotated[str | None, typer.Option(

@@ -401,8 +401,10 @@ async def _primary(settings: Settings, kinds: KindConnections, ownership: Owners
     kind = kind_of(name)
     kv = await until_jetstream_answers(partial(
         replication.standbys_bucket, kinds.jetstream(kind), replicas=settings.stream_replicas()))
+    homes = await until_jetstream_answers(partial(
+        homes_bucket, kinds.jetstream(kind), replicas=settings.stream_replicas()))
     primary = replication.Primary(name, lease=ownership.leases[name], bus=kinds.client(kind),
-                                  kv=kv, data_dir=settings.data_dir,
+                                  kv=kv, homes=homes, data_dir=settings.data_dir,
                                   timeout_s=settings.request_timeout_s / 2)
     await until_jetstream_answers(primary.record)  # a new epoch: no standby in sync yet
     replication.serve(primary)

@@ -186,8 +186,24 @@ class PartitionLease:
         if self._on_lost is not None:
             await self._on_lost()
 
+    async def step_down(self) -> None:
+        """Commit nothing more under this lease from now on, give it up, and run `on_lost`
+        (a drain: a standby takes the partition over as soon as the lease is gone)."""
+        lease, valid = self.lease, self.valid()
+        self._lost = True  # `check()` refuses every commit from here on
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        if lease is not None and valid:
+            with contextlib.suppress(KeyWrongLastSequenceError, BadRequestError):
+                await self._kv.delete(self.partition, last=lease.revision)
+        log.info("gave up the lease of %s (epoch %s)", self.partition,
+                 lease.epoch if lease else None)
+        if self._on_lost is not None:
+            await self._on_lost()
+
     async def release(self) -> None:
-        """Stop renewing and give the partition up at once (a graceful stop or a drain)."""
+        """Stop renewing and give the partition up at once (a graceful stop)."""
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)

@@ -254,6 +254,13 @@ class Applied(Contract):
 
 class Join(Contract):
     node: str
+    home: dict[str, str]  # its disk, as `cluster.ownership` names homes
+
+
+class Drained(Contract):
+    """A drained store's new home: the node whose standby takes it over."""
+
+    to: str
 
 
 class CopiedFile(Contract):
@@ -313,6 +320,7 @@ async def in_sync(kv: KeyValue, name: str) -> InSync | None:
 @dataclass
 class _Follower:
     node: str
+    home: dict[str, str]
     after: int  # the batches up to this seq are in its copy
     waiting: list[bytes] | None = field(default_factory=list)  # None: in sync, sent at once
     snapshot: Path | None = None
@@ -323,11 +331,12 @@ class Primary:
     standbys in order, and copies the store for a standby that joins."""
 
     def __init__(self, name: str, *, lease: PartitionLease, bus: Requester, kv: KeyValue,
-                 data_dir: Path, timeout_s: float = APPLY_TIMEOUT_S) -> None:
+                 homes: KeyValue, data_dir: Path, timeout_s: float = APPLY_TIMEOUT_S) -> None:
         self.name = name
         self._lease = lease
         self._bus = bus
         self._kv = kv
+        self._homes = homes
         self._root = data_dir.resolve()
         self._run = _writers[name]  # a call on the store's writer thread, not shipped
         self._timeout_s = timeout_s
@@ -429,6 +438,7 @@ class Primary:
 
     def endpoints(self) -> list[Endpoint]:
         return [Endpoint(subject(self.name, "join"), self.join),
+                Endpoint(subject(self.name, "drain"), self.drain),
                 Endpoint(subject(self.name, "page"), self.page, max_workers=4),
                 Endpoint(subject(self.name, "ready"), self.ready)]
 
@@ -437,10 +447,10 @@ class Primary:
         self._drop(request.node)
         await self._record_out()
         snapshot = self._root / "replicas" / "outgoing" / uuid.uuid4().hex
-        files, seq = await self._run(lambda: self._copy(request.node, snapshot))
+        files, seq = await self._run(lambda: self._copy(request, snapshot))
         return Joined(snapshot=snapshot.name, epoch=self.epoch, seq=seq, files=files)
 
-    def _copy(self, node: str, snapshot: Path) -> tuple[list[CopiedFile], int]:
+    def _copy(self, joining: Join, snapshot: Path) -> tuple[list[CopiedFile], int]:
         """On the writer's thread, between two jobs: the files as of batch `seq`."""
         from memgate.storage import compaction  # the files' owner
 
@@ -456,7 +466,8 @@ class Primary:
             files.append(CopiedFile(file=file, size=target.stat().st_size))
         # numbered after the copy: every batch after `seq` is not in it
         seq = self._numbered
-        self._followers[node] = _Follower(node, after=seq, snapshot=snapshot)
+        self._followers[joining.node] = _Follower(joining.node, joining.home, after=seq,
+                                                  snapshot=snapshot)
         return files, seq
 
     async def page(self, payload: bytes) -> PageData:
@@ -492,6 +503,24 @@ class Primary:
         await self.record()
         log.info("standby %s of %s is in sync (epoch %s)", request.node, self.name, self.epoch)
         return InSync(epoch=self.epoch, nodes=sorted(self._in_sync))
+
+
+    async def drain(self, payload: bytes) -> Drained:
+        """Hand the store over: its home moves to an in-sync standby, then this process
+        commits nothing more for it and starts again (`step_down`), as a standby; the new
+        home's standby takes the store over once the lease is gone."""
+        candidates = sorted(n for n in self._in_sync if n in self._followers)
+        if not candidates:
+            raise ConflictError("no standby is in sync: draining would leave no copy",
+                                {"store": self.name})
+        target = self._followers[candidates[0]]
+        entry = await self._homes.get(self.name)
+        await self._homes.update(self.name, json.dumps(target.home).encode(),
+                                 last=entry.revision)
+        log.info("draining %s to %s", self.name, target.node)
+        asyncio.get_running_loop().call_soon(  # after the answer has gone
+            lambda: asyncio.ensure_future(self._lease.step_down()))
+        return Drained(to=target.node)
 
 
 _primaries: dict[str, Primary] = {}
@@ -647,8 +676,8 @@ class Standby:
             await asyncio.sleep(WATCH_EVERY_S)
 
     async def _join(self) -> None:
-        joined = await self._bus.request(subject(self.store, "join"), Join(node=self._node),
-                                         Joined)
+        joined = await self._bus.request(subject(self.store, "join"),
+                                         Join(node=self._node, home=self._home), Joined)
         for copied in joined.files:
             await self._fetch(joined.snapshot, copied)
         await self._thread(self._open)
@@ -730,6 +759,6 @@ class _Thread:
         self._pool.shutdown(wait=True)
 
 
-__all__ = ["STANDBYS", "InSync", "Primary", "Recording", "Standby", "files_of", "in_sync",
-           "journaled", "movable", "opened", "primary", "raw", "record_under", "recording",
-           "rebuilt", "retire", "rewritten", "serve", "standbys_bucket"]
+__all__ = ["STANDBYS", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
+           "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
+           "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket"]
