@@ -36,6 +36,7 @@ from memgate.cluster import replication
 from memgate.cluster.ownership import (
     Disk, Ownership, home_of, homes_bucket, owned, single_writers, until_jetstream_answers,
 )
+from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.replication import Standby
 from memgate.bus import EmbeddedNats, NatsRouter, subjects
 from memgate.bus.replies import Handler
@@ -346,7 +347,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     routers += [(kind_of(s.store), routed(s.endpoints())) for s in standbys]
     if settings.routes and ownership is not None:  # the owner's side: it ships to standbys
         for name in claimed:
-            if replication.files_of(name):
+            if replication.movable(name):
                 primary = await _primary(settings, kinds, ownership, name)
                 stack.callback(replication.retire, name)
                 routers.append((kind_of(name), routed(primary.endpoints())))
@@ -370,16 +371,24 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
 
 async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
                            disk: Disk, names: list[str]) -> set[str]:
-    """Those of `names` whose files another disk keeps (`cluster.ownership`)."""
+    """Those of `names` whose files another disk keeps (`cluster.ownership`), or that another
+    node serves now (its standby there took over while this node's process was stopped)."""
     if not names:
         return set()
     kind = kind_of(names[0])
     await kinds.connect(kind, stack)
 
     async def read() -> set[str]:
-        homes = await homes_bucket(kinds.jetstream(kind), replicas=settings.stream_replicas())
-        found = {name: await home_of(homes, name) for name in names}
-        return {name for name, home in found.items() if home not in (None, disk.home())}
+        js = kinds.jetstream(kind)
+        homes = await homes_bucket(js, replicas=settings.stream_replicas())
+        leases = await lease_bucket(js, replicas=settings.stream_replicas(),
+                                    ttl_s=settings.lease_ttl_s)
+        found = set()
+        for name in names:
+            home, owner = await home_of(homes, name), await holder(leases, name)
+            if home not in (None, disk.home()) or (owner is not None and owner.node != disk.node):
+                found.add(name)
+        return found
 
     return await until_jetstream_answers(read)
 
@@ -406,6 +415,8 @@ async def _primary(settings: Settings, kinds: KindConnections, ownership: Owners
     primary = replication.Primary(name, lease=ownership.leases[name], bus=kinds.client(kind),
                                   kv=kv, homes=homes, data_dir=settings.data_dir,
                                   timeout_s=settings.request_timeout_s / 2)
-    await until_jetstream_answers(primary.record)  # a new epoch: no standby in sync yet
+    # its home here, no standby in sync yet
+    await until_jetstream_answers(partial(primary.settle,
+                                          Disk.of(settings.data_dir, settings.node).home()))
     replication.serve(primary)
     return primary

@@ -66,7 +66,8 @@ _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", 
 
 _FILES = {"directory": ("directory.duckdb",), "registry": ("registry.duckdb",),
           "spaces": ("spaces.duckdb",), "sessions": ("sessions.duckdb",),
-          "erasure": ("erasure.duckdb",)}
+          "erasure": ("erasure.duckdb",), "keys": ("keys/keys.json",),
+          "audit": ("audit/audit.log", "audit/audit.head")}
 
 
 def files_of(name: str) -> tuple[str, ...]:
@@ -100,8 +101,9 @@ def subject(name: str, operation: str) -> str:
 
 _root: Path | None = None  # the data directory, once this process records (`record_under`)
 _local = threading.local()  # .units: what the running job committed; .tx: its open transaction
-# (file, its statements), or (file, None): the file was rewritten
-Unit = tuple[str, list[tuple[str, list[Any]]] | None]
+# (file, its statements); (file, None): the file was rewritten; (file, {"data": base64,
+# "append": bool}): bytes written to a file that is not a database (the keys, the audit log)
+Unit = tuple[str, list[tuple[str, list[Any]]] | dict[str, Any] | None]
 
 
 def record_under(data_dir: Path) -> None:
@@ -195,6 +197,14 @@ def rewritten(path: Path) -> None:
     file = _relative(path)
     if file is not None and getattr(_local, "units", None) is not None:
         _local.units.append((file, None))
+
+
+def wrote(path: Path, data: bytes, *, append: bool = False) -> None:
+    """The file at `path` (not a database) was written whole, or `data` appended to it: the
+    standbys write theirs at the same point."""
+    file = _relative(path)
+    if file is not None and getattr(_local, "units", None) is not None:
+        _local.units.append((file, {"data": base64.b64encode(data).decode(), "append": append}))
 
 
 def journaled(fn: Callable[..., R], *args: object) -> tuple[R | None, BaseException | None,
@@ -338,7 +348,7 @@ class Primary:
         self._kv = kv
         self._homes = homes
         self._root = data_dir.resolve()
-        self._run = _writers[name]  # a call on the store's writer thread, not shipped
+        self._run = _writers.get(name)  # a call on the store's writer thread, not shipped
         self._timeout_s = timeout_s
         self._numbered = 0  # the last seq given, on the writer's thread
         self._shipped = 0  # the last seq shipped, on the event loop
@@ -427,6 +437,15 @@ class Primary:
             raise UnavailableError("a standby left the in-sync set and that could not be "
                                    "recorded", {"store": self.name}) from exc
 
+    async def settle(self, home: dict[str, str]) -> None:
+        """At the start of its epoch: the store's home is this owner's disk (a standby that
+        lost the race to serve it may have named its own), and no standby is in sync yet."""
+        entry = await self._homes.get(self.name)
+        if entry.value is None or dict(json.loads(entry.value)) != home:
+            self._lease.check()
+            await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
+        await self.record()
+
     async def record(self) -> None:
         """Write the in-sync set (at the start of an epoch: none yet)."""
         self._lease.check()  # only the owner writes it
@@ -437,6 +456,8 @@ class Primary:
     # a standby joining: its copy, its pages, then in sync
 
     def endpoints(self) -> list[Endpoint]:
+        if rebuilt(self.name):
+            return [Endpoint(subject(self.name, "drain"), self.drain)]
         return [Endpoint(subject(self.name, "join"), self.join),
                 Endpoint(subject(self.name, "drain"), self.drain),
                 Endpoint(subject(self.name, "page"), self.page, max_workers=4),
@@ -447,6 +468,8 @@ class Primary:
         self._drop(request.node)
         await self._record_out()
         snapshot = self._root / "replicas" / "outgoing" / uuid.uuid4().hex
+        if self._run is None:
+            raise ConflictError("this store is rebuilt, not copied", {"store": self.name})
         files, seq = await self._run(lambda: self._copy(request, snapshot))
         return Joined(snapshot=snapshot.name, epoch=self.epoch, seq=seq, files=files)
 
@@ -509,18 +532,31 @@ class Primary:
         """Hand the store over: its home moves to an in-sync standby, then this process
         commits nothing more for it and starts again (`step_down`), as a standby; the new
         home's standby takes the store over once the lease is gone."""
+        node, home = await self._successor()
+        entry = await self._homes.get(self.name)
+        await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
+        log.info("draining %s to %s", self.name, node)
+        asyncio.get_running_loop().call_soon(  # after the answer has gone
+            lambda: asyncio.ensure_future(self._lease.step_down()))
+        return Drained(to=node)
+
+    async def _successor(self) -> tuple[str, dict[str, str]]:
+        """Where a drained store goes: an in-sync standby, or for a rebuilt store the home of
+        its partition."""
+        partition = follows(self.name)
+        if partition is not None:
+            entry = await self._homes.get(partition)
+            home = dict(json.loads(entry.value or b"{}"))
+            if home.get("node") in (None, self._lease.node):
+                raise ConflictError(f"{partition} is still on this node: drain it first",
+                                    {"store": self.name})
+            return home["node"], home
         candidates = sorted(n for n in self._in_sync if n in self._followers)
         if not candidates:
             raise ConflictError("no standby is in sync: draining would leave no copy",
                                 {"store": self.name})
         target = self._followers[candidates[0]]
-        entry = await self._homes.get(self.name)
-        await self._homes.update(self.name, json.dumps(target.home).encode(),
-                                 last=entry.revision)
-        log.info("draining %s to %s", self.name, target.node)
-        asyncio.get_running_loop().call_soon(  # after the answer has gone
-            lambda: asyncio.ensure_future(self._lease.step_down()))
-        return Drained(to=target.node)
+        return target.node, target.home
 
 
 _primaries: dict[str, Primary] = {}
@@ -610,7 +646,7 @@ class Standby:
 
     async def apply(self, payload: bytes) -> Applied:
         epoch, seq, units = decode_batch(payload)
-        if not self._db or epoch != self._epoch or seq != self._seq + 1:
+        if not self._epoch or epoch != self._epoch or seq != self._seq + 1:
             self._epoch = 0  # out of step: it copies the store again
             raise ConflictError("this standby is not in step: it copies the store again",
                                 {"store": self.store})
@@ -626,6 +662,10 @@ class Standby:
         from memgate.storage import compaction
 
         for file, statements in units:
+            if isinstance(statements, dict):
+                _write(self._root / file, base64.b64decode(statements["data"]),
+                       append=bool(statements["append"]))
+                continue
             db = self._db.get(file)
             if db is None:
                 self._db[file] = db = compaction.plain(self._root / file)
@@ -711,7 +751,7 @@ class Standby:
         from memgate.storage import compaction
 
         for path in self._paths():
-            if path.exists():
+            if path.exists() and path.suffix == ".duckdb":
                 self._db[path.relative_to(self._root).as_posix()] = compaction.plain(path)
 
     async def _promote(self) -> bool:
@@ -724,6 +764,9 @@ class Standby:
         partition = follows(self.store)
         if partition is not None and await home_of(homes, partition) != self._home:
             return False
+        if await holder(await lease_bucket(self._js(), replicas=self._replicas),
+                        self.store) is not None:
+            return False  # served again meanwhile (its owner's process came back)
         try:
             entry = await homes.get(self.store)
             if entry.value is None or dict(json.loads(entry.value)) != self._home:
@@ -744,6 +787,26 @@ class Standby:
         return True
 
 
+def _write(path: Path, data: bytes, *, append: bool) -> None:
+    """A standby's copy of a write to a plain file: appended, or replaced whole (renamed over
+    it, so no old byte stays in any file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if append:
+        with path.open("ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    tmp = path.with_name(f".{path.name}.replica")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 class _Thread:
     """One thread for a standby's files (its own: the store it copies has no writer here)."""
 
@@ -761,4 +824,4 @@ class _Thread:
 
 __all__ = ["STANDBYS", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
            "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
-           "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket"]
+           "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket", "wrote"]

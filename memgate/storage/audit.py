@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from memgate.cluster import replication
+
 GENESIS = "0" * 64
 LOG = "audit.log"
 HEAD = "audit.head"
@@ -133,20 +135,24 @@ class AuditLog:
                 full = {"seq": seq, "at": at, "prev": prev, **entry.fields()}
                 full["hash"] = prev = entry_hash(full)
                 written.append(full)
+            lines = b"".join(canonical(e) + b"\n" for e in written)
             with self._log.open("ab") as f:
-                f.write(b"".join(canonical(e) + b"\n" for e in written))
+                f.write(lines)
                 f.flush()
                 os.fsync(f.fileno())
+            replication.wrote(self._log, lines, append=True)  # the standbys' copies too
             self._seq, self._hash = seq, prev
             self._write_head()
             return written
 
     def _write_head(self) -> None:
         tmp = self._root / f".{HEAD}.tmp"
-        tmp.write_text(json.dumps({"seq": self._seq, "hash": self._hash}))
+        head = json.dumps({"seq": self._seq, "hash": self._hash})
+        tmp.write_text(head)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self._head)
+        replication.wrote(self._head, head.encode())
 
     def entries(self) -> Iterator[dict[str, Any]]:
         yield from read_entries(self._log)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memgate.cluster import replication
+
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -118,13 +120,15 @@ class KeyStore:
         data = {"format": FORMAT,
                 "keys": {_name(t, s): _b64(k) for (t, s), k in sorted(self._keys.items())}}
         tmp = self._root / f".{FILE}.tmp"
+        content = json.dumps(data, indent=0).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, json.dumps(data, indent=0).encode())
+            os.write(fd, content)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self._path)
+        replication.wrote(self._path, content)  # the standbys' copies too
         dir_fd = os.open(self._root, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
