@@ -213,6 +213,10 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         stores = await _stores(through)
         moved = [name for name in REPLICATED if stores[name]["servedBy"] != home.name]
         assert moved == REPLICATED, stores
+        # the standby the drain handed the partition to is the one serving it
+        [line] = [line for line in out.decode().splitlines() if "storage.p0:" in line]
+        assert f"moved to {stores['storage.p0']['servedBy']} " in line, line
+        assert line.endswith(f"handed to {stores['storage.p0']['servedBy']})"), line
         await agent.all_kept(through)
         # the drained node keeps an in-sync copy again
         await eventually(lambda: _in_sync(through, REPLICATED, NODES - 1), timeout=90)

@@ -58,6 +58,13 @@ class AgentKey:
         return "AGENT_" + self.inbox_prefix.removeprefix("_INBOX_")
 
 
+# A clustered server closes a connection (a client's or a route's) that answers none of three
+# pings sent 2 s apart: a stopped process (SIGSTOP, a frozen VM) stops drawing its share of a
+# queue group's requests within ~8 s, not the 4 minutes of the defaults, and before its leases
+# can expire (docs/DECISIONS.md, "A stopped process leaves its queue groups").
+STALE_AFTER = {"ping_interval": "2s", "ping_max": 3}
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """This server as a member of a NATS cluster: its unique name, where it listens for the
@@ -80,7 +87,7 @@ class ClusterSpec:
     def config(self) -> dict[str, object]:
         """The same, as configuration: what a reload re-reads (it ignores the flags, and a
         clustered JetStream without its server name refuses the reload)."""
-        return {"server_name": self.node,
+        return {"server_name": self.node, **STALE_AFTER,
                 "cluster": {"name": self.name, "listen": self.listen, "routes": self._routes()}}
 
 

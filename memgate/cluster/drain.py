@@ -1,5 +1,6 @@
 """`memgate cluster drain NODE`: every store NODE serves handed over to an in-sync standby on
-another node (`cluster.replication.Primary.drain`), one after another, before NODE is stopped.
+another node (`cluster.replication.Primary.drain`) before NODE is stopped: every home moves
+first, then each owner gives its lease up.
 
 Each store is asked on its own kind's login (only a kind's processes talk to its owner), and
 the drain waits until another node holds the store's lease. The stores that do not move (the
@@ -21,7 +22,7 @@ from memgate.bus import BusClient, subjects
 from memgate.bus.logins import inbox_prefix, kind_of
 from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.ownership import cluster_status
-from memgate.cluster.replication import Drained, movable, rebuilt
+from memgate.cluster.replication import Drain, Drained, movable, rebuilt
 from memgate.contracts.errors import MemgateError
 
 WAIT_EVERY_S = 0.2
@@ -42,28 +43,37 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
                 connect_timeout=5, max_reconnect_attempts=0)
         return connections[kind]
 
-    left = []
+    left: list[str] = []
     try:
         js = (await connection("storage")).jetstream(timeout=10)
         served = [o.name for o in await cluster_status(js) if o.owner and o.owner.node == node]
         served.sort(key=rebuilt)  # the derived stores move after their partitions
         say(f"memgate: {node} serves {len(served)} stores")
         leases = await lease_bucket(js)
+
+        async def ask(name: str, *, step_down: bool) -> Drained | None:
+            try:
+                return await BusClient(await connection(kind_of(name)), timeout=10).request(
+                    subjects.replica(f"{name}.drain"), Drain(step_down=step_down), Drained)
+            except MemgateError as refused:
+                say(f"  {name}: refused: {refused}")
+                left.append(name)
+                return None
+
+        # first every home moves (nothing restarts yet), then each owner steps down: a process
+        # restarted by one step-down finds none of the others homed here any more
+        moving: dict[str, tuple[float, Drained]] = {}
         for name in served:
-            current = await holder(leases, name)
-            if current is None or current.node != node:
-                say(f"  {name}: already moved")
-                continue
             if not movable(name):  # its files stay on this node's disk
                 say(f"  {name}: stays (not replicated: served again when {node} is back)")
                 continue
             started = time.monotonic()
-            try:
-                answer = await BusClient(await connection(kind_of(name)), timeout=10).request(
-                    subjects.replica(f"{name}.drain"), b"{}", Drained)
-            except MemgateError as refused:
-                say(f"  {name}: refused: {refused}")
-                left.append(name)
+            if (answer := await ask(name, step_down=False)) is not None:
+                moving[name] = started, answer
+        for name, (started, answer) in moving.items():
+            now = await holder(leases, name)
+            if now is not None and now.node == node and \
+                    await ask(name, step_down=True) is None:
                 continue
             while (now := await holder(leases, name)) is None or now.node == node:
                 if time.monotonic() - started > timeout_s:
@@ -71,7 +81,7 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
                 await asyncio.sleep(WAIT_EVERY_S)
             moved = now is not None and now.node != node
             say(f"  {name}: {'moved to ' + now.node if moved and now else 'did not move'}"
-                f" ({time.monotonic() - started:.1f} s; home {answer.to})")
+                f" ({time.monotonic() - started:.1f} s; handed to {answer.to})")
             if not moved:
                 left.append(name)
     finally:

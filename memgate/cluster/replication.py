@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
@@ -59,6 +60,7 @@ STANDBYS = "MEMGATE_STANDBYS"
 CHUNK = 256 * 1024  # bytes of a file per page of a full copy
 APPLY_TIMEOUT_S = 3.0  # a standby that has not applied a batch by then leaves the in-sync set
 WATCH_EVERY_S = 0.5  # how often a standby looks at its owner's lease and its own record
+HANDOVER_S = 3.0  # how long the standby a drain names has to take the store over alone
 WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
 # The statements that change nothing in the file: not shipped.
 _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
@@ -265,6 +267,13 @@ class Applied(Contract):
 class Join(Contract):
     node: str
     home: dict[str, str]  # its disk, as `cluster.ownership` names homes
+
+
+class Drain(Contract):
+    """Move the store's home to an in-sync standby; with `step_down`, also give its lease up
+    (the process restarts as a standby, and the new home's standby takes the store over)."""
+
+    step_down: bool = True
 
 
 class Drained(Contract):
@@ -529,16 +538,23 @@ class Primary:
 
 
     async def drain(self, payload: bytes) -> Drained:
-        """Hand the store over: its home moves to an in-sync standby, then this process
-        commits nothing more for it and starts again (`step_down`), as a standby; the new
-        home's standby takes the store over once the lease is gone."""
-        node, home = await self._successor()
+        """Hand the store over: its home moves to an in-sync standby (once: asked again, it
+        stays where it went), then, with `step_down`, this process commits nothing more for
+        it and starts again (`step_down`), as a standby; the new home's standby takes the
+        store over once the lease is gone. A drain moves every home of a node first and steps
+        down after, so a process restarted by one step-down claims none of the others."""
+        request = Drain.model_validate_json(payload or b"{}")
         entry = await self._homes.get(self.name)
-        await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
-        log.info("draining %s to %s", self.name, node)
-        asyncio.get_running_loop().call_soon(  # after the answer has gone
-            lambda: asyncio.ensure_future(self._lease.step_down()))
-        return Drained(to=node)
+        home = dict(json.loads(entry.value or b"{}"))
+        if home.get("node") in (None, self._lease.node):
+            node, home = await self._successor()
+            self._lease.check()
+            await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
+            log.info("draining %s to %s", self.name, node)
+        if request.step_down:
+            asyncio.get_running_loop().call_soon(  # after the answer has gone
+                lambda: asyncio.ensure_future(self._lease.step_down()))
+        return Drained(to=home["node"])
 
     async def _successor(self) -> tuple[str, dict[str, str]]:
         """Where a drained store goes: an in-sync standby, or for a rebuilt store the home of
@@ -697,6 +713,7 @@ class Standby:
         js = self._js()
         leases = await lease_bucket(js, replicas=self._replicas)
         standbys = await standbys_bucket(js, replicas=self._replicas)
+        unowned_since: float | None = None
         while True:
             owner = await holder(leases, self.store)
             if rebuilt(self.store):  # nothing to copy: it moves with its partition
@@ -708,12 +725,27 @@ class Standby:
             synced = bool(self._epoch and record and record.epoch == self._epoch
                           and self._node in record.nodes)
             if owner is None:
-                if synced and await self._promote():
+                unowned_since = unowned_since or time.monotonic()
+                if synced and await self._next(record, unowned_since) and \
+                        await self._promote():
                     return True
-            elif owner.node != self._node and (owner.epoch != self._epoch or not synced):
-                await self._thread(self._delete)  # another owner: its copy, from scratch
-                await self._join()
+            else:
+                unowned_since = None
+                if owner.node != self._node and (owner.epoch != self._epoch or not synced):
+                    await self._thread(self._delete)  # another owner: its copy, from scratch
+                    await self._join()
             await asyncio.sleep(WATCH_EVERY_S)
+
+    async def _next(self, record: InSync | None, unowned_since: float) -> bool:
+        """Whether this standby may take the store over now: a drain names the standby it
+        hands over to (the home it moved), which goes first; any other in-sync standby only
+        once that one has let `HANDOVER_S` pass (it may be gone too)."""
+        from memgate.cluster.ownership import home_of, homes_bucket
+
+        home = await home_of(await homes_bucket(self._js(), replicas=self._replicas), self.store)
+        named = home is not None and home != self._home and record is not None and \
+            home.get("node") in record.nodes
+        return not named or time.monotonic() - unowned_since >= HANDOVER_S
 
     async def _join(self) -> None:
         joined = await self._bus.request(subject(self.store, "join"),
@@ -822,6 +854,6 @@ class _Thread:
         self._pool.shutdown(wait=True)
 
 
-__all__ = ["STANDBYS", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
+__all__ = ["STANDBYS", "Drain", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
            "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
            "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket", "wrote"]
