@@ -215,8 +215,10 @@ class Node:
     """One `memgate up` node that the test can kill -9 (its whole process tree) and start
     again on the same data directory and ports."""
 
-    def __init__(self, tmp_path: Path, n: int, cluster_ports: list[int]) -> None:
+    def __init__(self, tmp_path: Path, n: int, cluster_ports: list[int],
+                 env: dict[str, str] | None = None) -> None:
         self.name = f"n{n}"
+        self._env = env or {}
         self.data_dir = tmp_path / self.name
         self.http_port, self.nats_port = free_port(), free_port()
         self._log = tmp_path / f"{self.name}.log"
@@ -228,12 +230,16 @@ class Node:
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", timeout=30)
 
     async def start(self) -> None:
+        if self.http.is_closed:  # stopped before
+            self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}",
+                                          timeout=30)
         with self._log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "memgate.adapters", "up", *self._args,
                 # the load runs past the hourly remember limit (120) on a fast machine
                 env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-                     "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "100000"}, stdout=log, stderr=log)
+                     "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "100000", **self._env},
+                stdout=log, stderr=log)
 
     async def kill(self) -> None:
         """kill -9 of the supervisor, its nats-server and every child at once."""

@@ -76,9 +76,10 @@ class Agent:
         assert set(found.values()) <= self.sent
 
 
-async def _cluster(tmp_path: Path) -> tuple[list[Node], Agent]:
+async def _cluster(tmp_path: Path, env: dict[str, str] | None = None,
+                   ) -> tuple[list[Node], Agent]:
     cluster_ports = [free_port() for _ in range(NODES)]
-    nodes = [Node(tmp_path, n, cluster_ports) for n in range(NODES)]
+    nodes = [Node(tmp_path, n, cluster_ports, env) for n in range(NODES)]
     for one_node in nodes:
         await one_node.start()
     for one_node in nodes:

@@ -17,8 +17,9 @@ from memgate.contracts.errors import UnavailableError
 from memgate.ports.directory import BusDirectory
 
 
-# At start the directory may not listen yet: ask again for up to 100 × 50 ms = 5 s.
-SYNC_ATTEMPTS = 100
+# At start the directory may not listen yet, or (in a cluster) be moving to another node, which
+# takes up to a lease's TTL and a restarting owner's grace: ask again every 50 ms for 60 s.
+SYNC_WITHIN_S = 60.0
 SYNC_RETRY_S = 0.05
 
 
@@ -41,14 +42,15 @@ class NatsAuthorityActor(ActorBase):
         await self.apply(parse(NatsAgents, payload))
         return Done()
 
-    async def sync(self, attempts: int = SYNC_ATTEMPTS) -> None:
+    async def sync(self, within_s: float = SYNC_WITHIN_S) -> None:
         """At start: load the agents the directory already knows (waiting for it to listen)."""
-        for _ in range(attempts - 1):
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
             try:
                 agents = await self._directory.nats_agents()
                 break
             except UnavailableError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
                 await asyncio.sleep(SYNC_RETRY_S)
-        else:
-            agents = await self._directory.nats_agents()
         await self.apply(agents)

@@ -117,7 +117,7 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
 
     async with AsyncExitStack() as stack:
         await start_actors(settings, bus, stack, only=members.actors, governs=members.governs,
-                           on_lost=on_lost)
+                           on_lost=on_lost, balance=True)
         http: HttpServer | None = None
         serving: asyncio.Task[None] | None = None
         if members.rest and http_fd is not None:

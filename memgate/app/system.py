@@ -37,6 +37,7 @@ from memgate.cluster.ownership import (
     Disk, Ownership, home_of, homes_bucket, owned, single_writers, until_jetstream_answers,
 )
 from memgate.cluster.lease import holder, lease_bucket
+from memgate.cluster.balance import Balancer
 from memgate.cluster.replication import Standby
 from memgate.bus import EmbeddedNats, NatsRouter, subjects
 from memgate.bus.replies import Handler
@@ -268,11 +269,12 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        logins: list[Login] | None = None,
                        governs: Collection[str] = PUBLIC_COMMANDS,
                        on_lost: Callable[[], Awaitable[None]] | None = None,
-                       ) -> NatsAuthorityActor | None:
+                       balance: bool = False) -> NatsAuthorityActor | None:
     """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them;
     governance takes the public commands `governs` from the bus. The single-writer actors are
     claimed first (`cluster.ownership`: else `OwnedElsewhereError`); `on_lost` runs if this
-    process loses one of them, which from then on commits nothing.
+    process loses one of them, which from then on commits nothing. With `balance`, in a
+    cluster, this process also pulls its node's share of the partitions (`cluster.balance`).
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
@@ -351,6 +353,17 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                 primary = await _primary(settings, kinds, ownership, name)
                 stack.callback(replication.retire, name)
                 routers.append((kind_of(name), routed(primary.endpoints())))
+                following = asyncio.create_task(primary.follow(), name=f"follow-{name}")
+                stack.push_async_callback(_cancelled, following)
+    if settings.routes and balance and (partitions := [
+            name for name in single_writers(settings.partition_names())
+            if name.startswith("storage.") and (name in claimed or name in elsewhere)]):
+        balancer = Balancer(node=Disk.of(settings.data_dir, settings.node).node,
+                            names=partitions, bus=kinds.client("storage"),
+                            js=partial(kinds.jetstream, "storage"),
+                            replicas=settings.stream_replicas())
+        await balancer.start()
+        stack.push_async_callback(balancer.stop)
     for actor in actors:
         kind = kind_of(actor.name)
         if isinstance(actor, GovernanceActor):  # the adapters of this process ask it here
@@ -367,6 +380,11 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         await authority.sync()
     log.info("actors started on %s", bus.url)
     return authority
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,

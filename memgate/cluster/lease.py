@@ -89,6 +89,17 @@ async def holder(kv: KeyValue, partition: str) -> Lease | None:
     return Lease(partition, node, epoch or entry.revision, entry.revision, data)
 
 
+async def given_up(kv: KeyValue, partition: str) -> bool:
+    """Whether `partition`'s lease was given up (deleted: a clean stop, a process starting
+    again, a drain) rather than left to expire (a holder killed or cut off): the marker of a
+    delete stays in the bucket for one TTL."""
+    try:
+        await kv.get(partition)
+    except KeyNotFoundError as missing:  # nats-py raises this for a deleted key too, with
+        return getattr(missing, "entry", None) is not None  # the marker as its entry
+    return False
+
+
 class PartitionLease:
     """One node's hold on one partition: `acquire`, then `keep` renews it in the background.
 
@@ -220,4 +231,5 @@ class PartitionLease:
         self._lost = True
 
 
-__all__ = ["BUCKET", "Lease", "LeaseLostError", "PartitionLease", "holder", "lease_bucket"]
+__all__ = ["BUCKET", "Lease", "LeaseLostError", "PartitionLease", "given_up", "holder",
+           "lease_bucket"]

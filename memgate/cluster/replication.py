@@ -48,7 +48,7 @@ from nats.js.kv import KeyValue
 
 from memgate.bus import subjects
 from memgate.bus.replies import Endpoint
-from memgate.cluster.lease import PartitionLease, holder, lease_bucket
+from memgate.cluster.lease import PartitionLease, given_up, holder, lease_bucket
 from memgate.contracts.base import Contract
 from memgate.contracts.errors import ConflictError, UnavailableError
 from memgate.ports.bus import Requester
@@ -60,7 +60,9 @@ STANDBYS = "MEMGATE_STANDBYS"
 CHUNK = 256 * 1024  # bytes of a file per page of a full copy
 APPLY_TIMEOUT_S = 3.0  # a standby that has not applied a batch by then leaves the in-sync set
 WATCH_EVERY_S = 0.5  # how often a standby looks at its owner's lease and its own record
+FOLLOW_EVERY_S = 2.0  # how often a rebuilt store looks where its partition is
 HANDOVER_S = 3.0  # how long the standby a drain names has to take the store over alone
+RESTART_S = 12.0  # how long a process that gave its leases up has to claim them back
 WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
 # The statements that change nothing in the file: not shipped.
 _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
@@ -270,9 +272,11 @@ class Join(Contract):
 
 
 class Drain(Contract):
-    """Move the store's home to an in-sync standby; with `step_down`, also give its lease up
-    (the process restarts as a standby, and the new home's standby takes the store over)."""
+    """Move the store's home to an in-sync standby (`to`, or the first); with `step_down`,
+    also give its lease up (the process restarts as a standby, and the new home's standby
+    takes the store over)."""
 
+    to: str | None = None
     step_down: bool = True
 
 
@@ -547,7 +551,7 @@ class Primary:
         entry = await self._homes.get(self.name)
         home = dict(json.loads(entry.value or b"{}"))
         if home.get("node") in (None, self._lease.node):
-            node, home = await self._successor()
+            node, home = await self._successor(request.to)
             self._lease.check()
             await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
             log.info("draining %s to %s", self.name, node)
@@ -556,9 +560,29 @@ class Primary:
                 lambda: asyncio.ensure_future(self._lease.step_down()))
         return Drained(to=home["node"])
 
-    async def _successor(self) -> tuple[str, dict[str, str]]:
-        """Where a drained store goes: an in-sync standby, or for a rebuilt store the home of
-        its partition."""
+    async def follow(self) -> None:
+        """A rebuilt store moves where its partition moved (a balance, or a standby that took
+        the partition over while this process lived): its home follows, then it steps down."""
+        partition = follows(self.name)
+        if partition is None:
+            return
+        while True:
+            await asyncio.sleep(FOLLOW_EVERY_S)
+            try:
+                entry = await self._homes.get(partition)
+                node = dict(json.loads(entry.value or b"{}")).get("node")
+                if node not in (None, self._lease.node) and self._lease.valid():
+                    log.info("%s follows %s to %s", self.name, partition, node)
+                    await self.drain(Drain(step_down=True).to_json())
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS electing a leader: the next look will do
+                log.info("%s: %s; looking again", self.name, type(exc).__name__)
+
+    async def _successor(self, to: str | None = None) -> tuple[str, dict[str, str]]:
+        """Where a drained store goes: an in-sync standby (`to`, if named), or for a rebuilt
+        store the home of its partition."""
         partition = follows(self.name)
         if partition is not None:
             entry = await self._homes.get(partition)
@@ -567,7 +591,8 @@ class Primary:
                 raise ConflictError(f"{partition} is still on this node: drain it first",
                                     {"store": self.name})
             return home["node"], home
-        candidates = sorted(n for n in self._in_sync if n in self._followers)
+        candidates = sorted(n for n in self._in_sync if n in self._followers
+                            and to in (None, n))
         if not candidates:
             raise ConflictError("no standby is in sync: draining would leave no copy",
                                 {"store": self.name})
@@ -713,7 +738,8 @@ class Standby:
         js = self._js()
         leases = await lease_bucket(js, replicas=self._replicas)
         standbys = await standbys_bucket(js, replicas=self._replicas)
-        unowned_since: float | None = None
+        unowned_since: float | None = None  # since when nobody holds the lease
+        released = False  # and whether its holder gave it up rather than let it expire
         while True:
             owner = await holder(leases, self.store)
             if rebuilt(self.store):  # nothing to copy: it moves with its partition
@@ -725,8 +751,10 @@ class Standby:
             synced = bool(self._epoch and record and record.epoch == self._epoch
                           and self._node in record.nodes)
             if owner is None:
-                unowned_since = unowned_since or time.monotonic()
-                if synced and await self._next(record, unowned_since) and \
+                if unowned_since is None:
+                    unowned_since = time.monotonic()
+                    released = await given_up(leases, self.store)
+                if synced and await self._next(record, unowned_since, released) and \
                         await self._promote():
                     return True
             else:
@@ -736,16 +764,21 @@ class Standby:
                     await self._join()
             await asyncio.sleep(WATCH_EVERY_S)
 
-    async def _next(self, record: InSync | None, unowned_since: float) -> bool:
-        """Whether this standby may take the store over now: a drain names the standby it
-        hands over to (the home it moved), which goes first; any other in-sync standby only
-        once that one has let `HANDOVER_S` pass (it may be gone too)."""
+    async def _next(self, record: InSync | None, unowned_since: float, released: bool) -> bool:
+        """Whether this standby may take the store over now. A drain names the standby it
+        hands over to (the home it moved), which goes first; a lease given up by its home's
+        own process (it starts again, and claims its stores back) is left to that process for
+        `RESTART_S`; any other in-sync standby takes over once that time has passed (that one
+        may be gone too). A lease that expired (its holder killed or cut off) is taken at once."""
         from memgate.cluster.ownership import home_of, homes_bucket
 
         home = await home_of(await homes_bucket(self._js(), replicas=self._replicas), self.store)
-        named = home is not None and home != self._home and record is not None and \
-            home.get("node") in record.nodes
-        return not named or time.monotonic() - unowned_since >= HANDOVER_S
+        if home is None or home == self._home:
+            return True
+        waited = time.monotonic() - unowned_since
+        if record is not None and home.get("node") in record.nodes:
+            return waited >= HANDOVER_S
+        return not released or waited >= RESTART_S
 
     async def _join(self) -> None:
         joined = await self._bus.request(subject(self.store, "join"),

@@ -1,0 +1,110 @@
+"""Partitions spread over the nodes (SPEC §6): a node that serves at least two `storage`
+partitions fewer than the busiest node takes one of them over, once its standby of it is in
+sync — at a cluster's first start (the first node made itself every store's home) and when a
+node joins or comes back.
+
+Each node pulls for itself only (no node decides for another, so two never move one partition
+at once): it asks the busiest node's owner of a partition to hand it over to this node
+(`replication.Primary.drain` naming this node), the way `memgate cluster drain` does, then
+waits for the move to settle before it looks again. What the lease and the in-sync record say
+is NATS's (KV on a replicated stream): nothing here elects or counts votes. The derived stores
+of a partition (its text index and vectors) follow it (`Primary.follow`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from nats.js.client import JetStreamContext
+
+from memgate.cluster.lease import holder, lease_bucket
+from memgate.cluster.replication import Drain, Drained, in_sync, standbys_bucket, subject
+from memgate.contracts.errors import MemgateError
+from memgate.ports.bus import Requester
+
+log = logging.getLogger("memgate.cluster")
+
+BALANCE_EVERY_S = 5.0  # how often a node compares its share with the others'
+SETTLE_S = 15.0  # after asking for a partition, before it looks again
+
+
+def pick(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -> str | None:
+    """The partition `node` should take over now, if any: one the busiest node serves, of which
+    `node` keeps an in-sync copy, when the busiest serves at least two more than `node`."""
+    alive = {node, *held.values(), *(n for nodes in in_sync_of.values() for n in nodes)}
+    count = Counter({n: 0 for n in alive})
+    count.update(held.values())
+    busiest = max(sorted(count), key=lambda n: count[n])
+    if count[busiest] - count[node] < 2:
+        return None
+    candidates = sorted(name for name, owner in held.items()
+                        if owner == busiest and node in in_sync_of.get(name, []))
+    if not candidates:
+        return None
+    # nodes pulling at the same time ask for different partitions
+    pullers = sorted(n for n in alive if count[busiest] - count[n] >= 2)
+    return candidates[pullers.index(node) % len(candidates)]
+
+
+class Balancer:
+    """This node's pull of its share of the partitions `names` (`storage.pN`)."""
+
+    name = "balancer"
+
+    def __init__(self, *, node: str, names: list[str], bus: Requester,
+                 js: Callable[[], JetStreamContext], replicas: int = 1) -> None:
+        self._node = node
+        self._names = names
+        self._bus = bus
+        self._js = js
+        self._replicas = replicas
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(BALANCE_EVERY_S)
+            try:
+                taken = await self.once()
+            except Exception as exc:  # NATS unreachable or a bucket electing: the next look
+                log.info("balancing: %s; trying again", type(exc).__name__)
+                continue
+            if taken is not None:
+                await asyncio.sleep(SETTLE_S)
+
+    async def once(self) -> str | None:
+        """Ask for one partition if this node serves too few; the one asked for."""
+        js = self._js()
+        leases = await lease_bucket(js, replicas=self._replicas)
+        standbys = await standbys_bucket(js, replicas=self._replicas)
+        held: dict[str, str] = {}
+        in_sync_of: dict[str, list[str]] = {}
+        for name in self._names:
+            owner = await holder(leases, name)
+            if owner is None:  # moving now: look again once it has landed
+                return None
+            held[name] = owner.node
+            record = await in_sync(standbys, name)
+            if record is not None and record.epoch == owner.epoch:
+                in_sync_of[name] = record.nodes
+        wanted = pick(self._node, held, in_sync_of)
+        if wanted is None:
+            return None
+        log.info("balancing: taking %s over from %s", wanted, held[wanted])
+        with contextlib.suppress(MemgateError):  # moved or refused meanwhile: look again
+            await self._bus.request(subject(wanted, "drain"),
+                                    Drain(to=self._node, step_down=True), Drained)
+        return wanted
+
+
+__all__ = ["Balancer", "pick"]

@@ -1,0 +1,99 @@
+"""Partitions spread over the nodes (SPEC §6): three nodes and three partitions end with one
+partition each though the first node to start made itself every store's home; a node drained
+leaves its partition to the others, and once it is back it takes its share again — under a
+load on every partition, with no acknowledged write lost or listed twice."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from memgate.runtime.actor import partition_of
+from tests.conftest import eventually
+from tests.test_cluster_nodes import ADMIN, NODES, Node
+from tests.test_cluster_standby import Agent, _cluster, _stores
+from tests.test_processes import healthy
+
+pytestmark = pytest.mark.timeout(420)
+
+PARTITIONS = 3
+STORES = [f"storage.p{i}" for i in range(PARTITIONS)]
+
+
+async def _agents_on_every_partition(through: Node) -> list[Agent]:
+    """An agent in a workspace of each partition."""
+    agents: dict[str, Agent] = {}
+    while len(agents) < PARTITIONS:
+        answer = await through.http.post("/api/admin/workspaces", json={"name": "w"},
+                                         headers=ADMIN)
+        assert answer.status_code == 200, answer.text
+        created = answer.json()
+        ws = created["workspaceId"]
+        partition = partition_of(ws, PARTITIONS)
+        if partition in agents:
+            continue
+        owner = {"Authorization": f"Bearer {created['owner']['memberToken']}"}
+        await through.http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
+                               json={"agentMemoriesEnabled": True})
+        token = (await through.http.post(f"/api/w/{ws}/credentials", headers=owner, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        agents[partition] = Agent({"Authorization": f"Bearer {token}"})
+    return list(agents.values())
+
+
+async def _spread(through: Node) -> Counter[str]:
+    """How many partitions each node serves."""
+    stores = await _stores(through)
+    return Counter(str(stores[name]["servedBy"]) for name in STORES)
+
+
+async def _balanced(through: Node) -> bool:
+    """One partition a node, each with its derived stores beside it and a copy on every
+    other node."""
+    stores = await _stores(through)
+    spread = Counter(str(stores[name]["servedBy"]) for name in STORES)
+    return sorted(spread.values()) == [1] * NODES and all(
+        stores[f"{kind}.p{i}"]["servedBy"] == stores[f"storage.p{i}"]["servedBy"]
+        and len(stores[f"storage.p{i}"].get("inSync") or []) == NODES - 1  # type: ignore[arg-type]
+        for i in range(PARTITIONS) for kind in ("indexer", "embedder"))
+
+
+async def test_partitions_spread_a_drained_node_hands_its_share_over_and_takes_it_back(
+        tmp_path: Path) -> None:
+    nodes, _ = await _cluster(tmp_path, {"MEMGATE_PARTITIONS": str(PARTITIONS)})
+    try:
+        await eventually(lambda: _balanced(nodes[0]), timeout=120)
+        agents = await _agents_on_every_partition(nodes[0])
+        serving = (await _stores(nodes[0]))["storage.p0"]["servedBy"]
+        drained = next(n for n in nodes if n.name == serving)
+        through = next(n for n in nodes if n is not drained)
+        stop = asyncio.Event()
+        loads = [asyncio.create_task(agent.load(through, stop)) for agent in agents]
+        await asyncio.sleep(1.0)
+
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "memgate.adapters", "cluster", "drain", drained.name,
+            "--data-dir", str(drained.data_dir), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(process.communicate(), 180)
+        assert process.returncode == 0, out.decode()
+        assert drained.name not in await _spread(through)
+        await drained.stop()
+
+        # back (the operator's maintenance done), it takes its share again
+        await drained.start()
+        await eventually(lambda: healthy(drained.http), timeout=150)
+        await eventually(lambda: _balanced(through), timeout=120)
+        stop.set()
+        await asyncio.gather(*loads)
+        for agent in agents:
+            assert len(agent.acked) > 10
+            for one_node in nodes:
+                await agent.all_kept(one_node)
+    finally:
+        for one_node in nodes:
+            await one_node.stop()
