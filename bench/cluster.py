@@ -1,16 +1,20 @@
 """One node against three clustered nodes on this machine, in one run (issue 29).
 
-    python -m bench.cluster [--calls 200] [--seconds 5] [--agents 8]
+    python -m bench.cluster [--calls 200] [--seconds 5] [--agents 8] [--rounds 3]
+                            [--memories 10000]
 
 Starts `memgate up` alone, then three `memgate up --node nN --cluster … --routes …` on loopback
 (each its own data directory, ports and embedded nats-server), and measures on each, over REST
 through node 1: sequential remember and recall p50/p99, then `--agents` concurrent agents
-remembering and recalling (half each) for `--seconds` (throughput). Then the failover as it is
-today: kill -9 of the whole process tree of the node that is home of `storage.p0` (the
-partition every memory here lands in), that node started again on its data directory, and the
-time from the kill to the first remember acknowledged through another node, and to the first
-recall that is not degraded. (A partition's home does not move yet: until in-sync standbys
-exist its writes wait for its node.)
+remembering and recalling (half each) for `--seconds` (throughput).
+
+Then `--rounds` failovers: kill -9 of the whole process tree of the node serving `storage.p0`
+(the partition every memory here lands in); the time from the kill to the first remember
+acknowledged through another node (a standby took the partition over) and to the first recall
+that is not degraded; then the node started again on its data directory, and the time until it
+keeps an in-sync copy again. Last, the resynchronisation of an empty node: `--memories`
+memories, a standby node stopped and its data directory deleted, and the time from its start
+to an in-sync copy.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -154,35 +159,95 @@ async def measure(rest: Rest, args: argparse.Namespace) -> dict[str, float]:
             "ops/s": await throughput(rest, args.agents, args.seconds)}
 
 
-async def storage_home(node: Node) -> str:
+async def stores(node: Node) -> dict[str, dict[str, object]]:
     shown = (await node.http.get("/api/admin/cluster", headers=OPERATOR)).json()
-    return str(next(s["home"] for s in shown["stores"] if s["name"] == "storage.p0"))
+    return {s["name"]: s for s in shown["stores"]}
+
+
+async def until(check: Callable[[], Awaitable[bool]], within_s: float = 300) -> float:
+    """Seconds until `check` holds (polled every 0.1 s); NaN past `within_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < within_s:
+        try:
+            if await check():
+                return time.monotonic() - started
+        except (httpx.TransportError, KeyError, ValueError):
+            pass
+        await asyncio.sleep(0.1)
+    return float("nan")
+
+
+async def in_sync(node: Node, standbys: int = NODES - 1) -> bool:
+    shown = await stores(node)
+    return all(len(s.get("inSync") or []) >= standbys  # type: ignore[arg-type]
+               for name, s in shown.items() if name.startswith("storage."))
 
 
 async def failover(nodes: list[Node], token: str) -> dict[str, float]:
-    home = await storage_home(nodes[0])
-    victim = next(node for node in nodes if node.name == home)
-    other = Rest(next(node for node in nodes if node is not victim).http, token)
+    """kill -9 of the whole node serving `storage.p0`: seconds to the first remember
+    acknowledged through another node (its standby took the partition over), to the first
+    recall that is not degraded; then the node restarted on its data directory, and seconds
+    until it keeps an in-sync copy again."""
+    serving = (await stores(nodes[0]))["storage.p0"]["servedBy"]
+    victim = next(node for node in nodes if node.name == serving)
+    survivor = next(node for node in nodes if node is not victim)
+    other = Rest(survivor.http, token)
     killed = time.monotonic()
     victim.kill_tree()
     assert victim.process is not None
     await victim.process.wait()
+
+    async def written() -> bool:
+        return (await other.remember("the failover bench was here")).status_code == 200
+
+    async def recalled() -> bool:
+        answer = await other.recall("failover bench")
+        return answer.status_code == 200 and not answer.json()["degraded"]
+
+    await until(written)
+    first_write = time.monotonic() - killed
+    await until(recalled)
+    first_recall = time.monotonic() - killed
+    restarted = time.monotonic()
     await victim.start()
-    first_write = first_recall = None
-    while first_recall is None and time.monotonic() - killed < 300:
-        try:
-            if first_write is None:
-                if (await other.remember("the failover bench was here")).status_code == 200:
-                    first_write = time.monotonic() - killed
-            else:
-                answer = await other.recall("failover bench")
-                if answer.status_code == 200 and not answer.json()["degraded"]:
-                    first_recall = time.monotonic() - killed
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.1)
-    return {"kill -9 → first acknowledged remember s": first_write or float("nan"),
-            "kill -9 → first non-degraded recall s": first_recall or float("nan")}
+    await until_healthy(victim.http, timeout_s=180)
+    await until(lambda: in_sync(survivor))
+    rejoined = time.monotonic() - restarted
+    return {"kill -9 → first acknowledged remember s": first_write,
+            "kill -9 → first non-degraded recall s": first_recall,
+            "restart → in sync again s": rejoined}
+
+
+async def resync(nodes: list[Node], token: str, memories: int) -> dict[str, float]:
+    """`memories` memories in `storage.p0`, then a standby node stopped, its data directory
+    deleted and started again: seconds from its start to an in-sync copy."""
+    rest = Rest(nodes[0].http, token)
+    done = 0
+
+    async def writer(i: int) -> None:
+        nonlocal done
+        while done < memories:
+            done += 1
+            (await rest.remember(note_of(i, done))).raise_for_status()
+
+    started = time.monotonic()
+    await asyncio.gather(*(writer(i) for i in range(16)))
+    loaded_s = time.monotonic() - started
+    serving = (await stores(nodes[0]))["storage.p0"]["servedBy"]
+    standby = next(node for node in nodes[1:] if node.name != serving)
+    assert standby.process is not None
+    standby.process.send_signal(signal.SIGINT)
+    await standby.process.wait()
+    shutil.rmtree(standby.data_dir)
+    restarted = time.monotonic()
+    await standby.start()
+    await until_healthy(standby.http, timeout_s=180)
+    healthy_s = time.monotonic() - restarted
+    await until(lambda: in_sync(nodes[0]))
+    return {f"remember {memories:,} memories (16 agents) s": loaded_s,
+            "empty node: start → healthy s": healthy_s,
+            f"empty node: start → in-sync copy of {memories:,} memories s":
+                time.monotonic() - restarted}
 
 
 async def single(args: argparse.Namespace) -> dict[str, float]:
@@ -191,12 +256,15 @@ async def single(args: argparse.Namespace) -> dict[str, float]:
         return await measure(Rest(running.http, token), args)
 
 
-async def clustered(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
+                                                       list[dict[str, float]], dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="memgate-bench-cluster-") as tmp:
         async with three_nodes(Path(tmp)) as nodes:
             token = await agent_token(Running("", "", nodes[0].http, nodes[0].data_dir))
+            await until(lambda: in_sync(nodes[0]))
             measured = await measure(Rest(nodes[0].http, token), args)
-            return measured, await failover(nodes, token)
+            rounds = [await failover(nodes, token) for _ in range(args.rounds)]
+            return measured, rounds, await resync(nodes, token, args.memories)
 
 
 async def main() -> None:
@@ -205,20 +273,30 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="failover rounds")
+    parser.add_argument("--memories", type=int, default=10_000,
+                        help="memories in the partition a resynchronising node copies")
     args = parser.parse_args()
     one = await single(args)
-    three, failed_over = await clustered(args)
+    three, rounds, resynced = await clustered(args)
     print("| over REST, through node 1 | one node | three nodes | three / one |")
     print("|---|---:|---:|---:|")
     for name in one:
         print(f"| {name} {'' if name == 'ops/s' else 'ms'} | {one[name]:.2f} | "
               f"{three[name]:.2f} | {three[name] / one[name]:.2f} |")
     print()
-    print("| failover (the home restarted: homes do not move yet) | s |")
+    print(f"| failover of the node serving storage.p0 ({len(rounds)} rounds) | "
+          + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " | median |")
+    print("|---|" + "---:|" * (len(rounds) + 1))
+    for name in rounds[0]:
+        values = [r[name] for r in rounds]
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values)
+              + f" | {statistics.median(values):.1f} |")
+    print()
+    print("| resynchronisation | s |")
     print("|---|---:|")
-    for name, seconds in failed_over.items():
-        print(f"| {name} | {seconds:.2f} |")
-
+    for name, seconds in resynced.items():
+        print(f"| {name} | {seconds:.1f} |")
 
 if __name__ == "__main__":
     asyncio.run(main())

@@ -80,18 +80,23 @@ async def _cluster(tmp_path: Path, env: dict[str, str] | None = None,
                    ) -> tuple[list[Node], Agent]:
     cluster_ports = [free_port() for _ in range(NODES)]
     nodes = [Node(tmp_path, n, cluster_ports, env) for n in range(NODES)]
-    for one_node in nodes:
-        await one_node.start()
-    for one_node in nodes:
-        await eventually(lambda n=one_node: healthy(n.http), timeout=150)
-    created = (await nodes[0].http.post("/api/admin/workspaces", json={"name": "acme"},
-                                        headers=ADMIN)).json()
-    ws, owner = created["workspaceId"], {
-        "Authorization": f"Bearer {created['owner']['memberToken']}"}
-    await nodes[0].http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
-                            json={"agentMemoriesEnabled": True})
-    token = (await nodes[0].http.post(f"/api/w/{ws}/credentials", headers=owner, json={
-        "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+    try:
+        for one_node in nodes:
+            await one_node.start()
+        for one_node in nodes:
+            await eventually(lambda n=one_node: healthy(n.http), timeout=150)
+        created = (await nodes[0].http.post("/api/admin/workspaces", json={"name": "acme"},
+                                            headers=ADMIN)).json()
+        ws, owner = created["workspaceId"], {
+            "Authorization": f"Bearer {created['owner']['memberToken']}"}
+        await nodes[0].http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
+                                json={"agentMemoriesEnabled": True})
+        token = (await nodes[0].http.post(f"/api/w/{ws}/credentials", headers=owner, json={
+            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+    except BaseException:  # no node outlives a cluster that did not come up
+        for one_node in nodes:
+            await one_node.stop()
+        raise
     return nodes, Agent({"Authorization": f"Bearer {token}"})
 
 
