@@ -14,8 +14,7 @@ import pytest
 
 from memgate.runtime.actor import partition_of
 from tests.conftest import eventually
-from tests.test_cluster_nodes import ADMIN, NODES, Node
-from tests.test_cluster_standby import Agent, _cluster, _stores
+from tests.cluster import ADMIN, NODES, Agent, Node, start_cluster, cluster_stores
 from tests.test_processes import healthy
 
 pytestmark = pytest.mark.timeout(420)
@@ -47,14 +46,14 @@ async def _agents_on_every_partition(through: Node) -> list[Agent]:
 
 async def _spread(through: Node) -> Counter[str]:
     """How many partitions each node serves."""
-    stores = await _stores(through)
+    stores = await cluster_stores(through)
     return Counter(str(stores[name]["servedBy"]) for name in STORES)
 
 
 async def _balanced(through: Node) -> bool:
     """One partition a node, each with its derived stores beside it and a copy on every
     other node."""
-    stores = await _stores(through)
+    stores = await cluster_stores(through)
     spread = Counter(str(stores[name]["servedBy"]) for name in STORES)
     return sorted(spread.values()) == [1] * NODES and all(
         stores[f"{kind}.p{i}"]["servedBy"] == stores[f"storage.p{i}"]["servedBy"]
@@ -64,11 +63,11 @@ async def _balanced(through: Node) -> bool:
 
 async def test_partitions_spread_a_drained_node_hands_its_share_over_and_takes_it_back(
         tmp_path: Path) -> None:
-    nodes, _ = await _cluster(tmp_path, {"MEMGATE_PARTITIONS": str(PARTITIONS)})
+    nodes, _ = await start_cluster(tmp_path, {"MEMGATE_PARTITIONS": str(PARTITIONS)})
     try:
         await eventually(lambda: _balanced(nodes[0]), timeout=120)
         agents = await _agents_on_every_partition(nodes[0])
-        serving = (await _stores(nodes[0]))["storage.p0"]["servedBy"]
+        serving = (await cluster_stores(nodes[0]))["storage.p0"]["servedBy"]
         drained = next(n for n in nodes if n.name == serving)
         through = next(n for n in nodes if n is not drained)
         stop = asyncio.Event()

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.test_cluster_nodes import NODES
-from tests.test_cluster_standby import _cluster, _in_sync, _stores
+from tests.cluster import NODES, in_sync, start_cluster, cluster_stores
 from tests.test_erased_bytes import canary, hits, needles
 from tests.test_processes import healthy
 
@@ -21,10 +20,10 @@ pytestmark = pytest.mark.timeout(420)
 
 
 async def test_a_forgotten_memory_leaves_every_byte_of_every_node(tmp_path: Path) -> None:
-    nodes, agent = await _cluster(tmp_path)
+    nodes, agent = await start_cluster(tmp_path)
     try:
-        await eventually(lambda: _in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
-        stores = await _stores(nodes[0])
+        await eventually(lambda: in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
+        stores = await cluster_stores(nodes[0])
         home = next(n for n in nodes if n.name == stores["storage.p0"]["home"])
         up, down = [n for n in nodes if n is not home]
         word = canary()
@@ -64,7 +63,7 @@ async def test_a_forgotten_memory_leaves_every_byte_of_every_node(tmp_path: Path
         # back, the down node deletes its stale copy and copies the store again
         await down.start()
         await eventually(lambda: healthy(down.http), timeout=150)
-        await eventually(lambda: _in_sync(up, ["storage.p0"], NODES - 1), timeout=90)
+        await eventually(lambda: in_sync(up, ["storage.p0"], NODES - 1), timeout=90)
         assert hits(down.data_dir, wanted) == []
         await agent.all_kept(down)
 

@@ -6,11 +6,9 @@ memory remembered through one node is listed and recalled through another."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -25,13 +23,12 @@ from memgate.bus import subjects
 from memgate.bus.logins import inbox_prefix
 from memgate.cluster.lease import BUCKET, holder, lease_bucket
 from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
+from tests.cluster import ADMIN, NODES, in_sync, start_cluster, cluster_stores
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
-from tests.test_processes import alive, children, healthy
+from tests.test_processes import healthy
 
 pytestmark = pytest.mark.timeout(300)
 
-NODES = 3
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @asynccontextmanager
@@ -211,146 +208,33 @@ async def _agent_on(url: str, token: str, login: dict[str, str]) -> MemgateClien
         return None
 
 
-class Node:
-    """One `memgate up` node that the test can kill -9 (its whole process tree) and start
-    again on the same data directory and ports."""
-
-    def __init__(self, tmp_path: Path, n: int, cluster_ports: list[int],
-                 env: dict[str, str] | None = None) -> None:
-        self.name = f"n{n}"
-        self._env = env or {}
-        self.data_dir = tmp_path / self.name
-        self.http_port, self.nats_port = free_port(), free_port()
-        self._log = tmp_path / f"{self.name}.log"
-        self._args = ["--data-dir", str(self.data_dir), "--http", f"127.0.0.1:{self.http_port}",
-                      "--nats-port", str(self.nats_port), "--node", self.name,
-                      "--cluster", f"127.0.0.1:{cluster_ports[n]}", "--routes",
-                      ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)]
-        self.process: asyncio.subprocess.Process | None = None
-        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", timeout=30)
-
-    async def start(self) -> None:
-        if self.http.is_closed:  # stopped before
-            self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}",
-                                          timeout=30)
-        with self._log.open("ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "memgate.adapters", "up", *self._args,
-                # the load runs past the hourly remember limit (120) on a fast machine
-                env={**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-                     "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "100000", **self._env},
-                stdout=log, stderr=log)
-
-    async def kill(self) -> None:
-        """kill -9 of the supervisor, its nats-server and every child at once."""
-        assert self.process is not None
-        tree = [self.process.pid, *children(self.process.pid)]
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        await self.process.wait()
-        for pid in tree:
-            await eventually(lambda pid=pid: _gone(pid), timeout=30)
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 60)
-            except TimeoutError:
-                await self.kill()
-        await self.http.aclose()
 
 
-async def _gone(pid: int) -> bool:
-    return not alive(pid)
-
-
-async def test_a_node_killed_outright_loses_nothing_acknowledged_and_rejoins(
+async def test_a_standby_node_killed_outright_leaves_the_owner_writing_and_copies_again(
         tmp_path: Path) -> None:
-    cluster_ports = [free_port() for _ in range(NODES)]
-    nodes = [Node(tmp_path, n, cluster_ports) for n in range(NODES)]
+    """kill -9 of a whole node that serves nothing (it keeps standby copies) mid-load: the owner
+    records it out of sync and goes on; back, it copies every store again."""
+    nodes, agent = await start_cluster(tmp_path)
     try:
-        for one_node in nodes:
-            await one_node.start()
-        for one_node in nodes:
-            await eventually(lambda n=one_node: healthy(n.http), timeout=150)
-        created = (await nodes[0].http.post("/api/admin/workspaces", json={"name": "acme"},
-                                            headers=ADMIN)).json()
-        ws, owner = created["workspaceId"], {
-            "Authorization": f"Bearer {created['owner']['memberToken']}"}
-        await nodes[0].http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
-                                json={"agentMemoriesEnabled": True})
-        token = (await nodes[0].http.post(f"/api/w/{ws}/credentials", headers=owner, json={
-            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
-        agent = {"Authorization": f"Bearer {token}"}
-        status = (await nodes[0].http.get("/api/admin/cluster", headers=ADMIN)).json()
-        homes = {s["name"]: s["home"] for s in status["stores"]}
-        home = next(n for n in nodes if n.name == homes["storage.p0"])
-        others = [n for n in nodes if n is not home]
-        acked: dict[str, str] = {}
+        await eventually(lambda: in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
+        serving = (await cluster_stores(nodes[0]))["storage.p0"]["servedBy"]
+        spare, survivor = [n for n in nodes if n.name != serving]
+        stop = asyncio.Event()
+        load = asyncio.create_task(agent.load(survivor, stop))
+        await asyncio.sleep(1)
+        await spare.kill()
+        before = len(agent.acked)
+        await asyncio.sleep(3)
+        stop.set()
+        await load
+        assert len(agent.acked) > before + 10  # the owner did not wait for the dead standby
+        assert spare.name not in (await cluster_stores(survivor))["storage.p0"]["inSync"]  # type: ignore[operator]
+        await agent.all_kept(survivor)
 
-        async def remember_through(through: Node, stop: asyncio.Event) -> int:
-            refused = 0
-            while not stop.is_set():
-                await asyncio.sleep(0.02)
-                text = f"note {len(acked)} {refused} through {through.name}"
-                try:
-                    answer = await through.http.post("/api/agent/v1/memories/remember",
-                                                     headers=agent,
-                                                     json={"namespace": "n", "text": text},
-                                                     timeout=15)
-                except httpx.TransportError:
-                    refused += 1
-                    continue
-                if answer.status_code == 200:
-                    acked[answer.json()["memoryId"]] = text
-                else:
-                    refused += 1
-            return refused
-
-        async def listed(through: Node) -> dict[str, str]:
-            found: dict[str, str] = {}
-            cursor = None
-            while True:
-                page = (await through.http.post(
-                    "/api/agent/v1/memories/list", headers=agent,
-                    json={"namespace": "n", "limit": 100, "cursor": cursor})).json()
-                for memory in page["memories"]:
-                    assert memory["memoryId"] not in found  # none twice
-                    found[memory["memoryId"]] = memory["text"]
-                if not (cursor := page.get("nextCursor")):
-                    return found
-
-        async def load_through(through: Node, seconds: float, *,
-                               meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
-            """Remember through `through` for `seconds`, running `meanwhile` one second in."""
-            stop = asyncio.Event()
-            load = asyncio.create_task(remember_through(through, stop))
-            await asyncio.sleep(1)
-            if meanwhile is not None:
-                await meanwhile()
-            await asyncio.sleep(seconds - 1)
-            stop.set()
-            await load
-
-        # a node that keeps no store: killed mid-load, the others go on, it comes back
-        spare, survivor = others
-        await load_through(survivor, 3, meanwhile=spare.kill)
         await spare.start()
-        await eventually(lambda: healthy(spare.http), timeout=120)
-        assert await listed(spare) == acked
-
-        # the node that keeps the store: killed mid-load, nothing acknowledged is lost, and its
-        # store is served again once it is back (its disk is the only copy: no standby yet)
-        await load_through(survivor, 2, meanwhile=home.kill)
-        await home.start()
-        await eventually(lambda: healthy(home.http), timeout=120)
-        before = len(acked)
-        await load_through(survivor, 1)
-        assert len(acked) > before  # writes resumed
-        assert await listed(survivor) == acked
-        assert await listed(home) == acked
+        await eventually(lambda: healthy(spare.http), timeout=150)
+        await eventually(lambda: in_sync(survivor, ["storage.p0"], NODES - 1), timeout=90)
+        await agent.all_kept(spare)
     finally:
         for one_node in nodes:
             await one_node.stop()
