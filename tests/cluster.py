@@ -19,6 +19,7 @@ from tests.conftest import ADMIN_TOKEN, eventually, free_port
 from tests.test_processes import alive, children, healthy
 
 NODES = 3
+RESUME_WITHIN_S = 20.0  # the issue's target for writes on a lost node's partitions
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -151,8 +152,18 @@ async def start_cluster(tmp_path: Path, env: dict[str, str] | None = None,
     return nodes, Agent({"Authorization": f"Bearer {token}"})
 
 
+ELECTION_S = 30.0  # JetStream electing the leaders a killed node led (4-9 s each), and more
+
+
 async def cluster_stores(through: Node) -> dict[str, dict[str, object]]:
-    shown = await through.http.get("/api/admin/cluster", headers=ADMIN)
+    """The operator's view of every store; asked again while it answers 503 (the buckets'
+    leaders being elected after a node was killed), for up to `ELECTION_S`."""
+    started = time.monotonic()
+    for _ in range(int(ELECTION_S / 0.5)):
+        shown = await through.http.get("/api/admin/cluster", headers=ADMIN)
+        if shown.status_code != 503 or time.monotonic() - started > ELECTION_S:
+            break
+        await asyncio.sleep(0.5)
     assert shown.status_code == 200, shown.text
     return {s["name"]: s for s in shown.json()["stores"]}
 

@@ -23,6 +23,8 @@ from tests.cluster import NODES, Node, in_sync, start_cluster
 
 pytestmark = pytest.mark.timeout(420)
 
+ELECTION_TRIES = 10
+
 
 async def _connect(node: Node) -> nats.NATS:
     login = internal_logins(Settings(data_dir=node.data_dir))["indexer"]
@@ -32,11 +34,16 @@ async def _connect(node: Node) -> nats.NATS:
 
 
 async def _leader(node: Node) -> str:
+    """The node leading the events stream (waiting out an election: it answers nothing)."""
     nc = await _connect(node)
     try:
-        info = await nc.jetstream(timeout=10).stream_info(subjects.EVENTS_STREAM)
-        assert info.cluster is not None and info.cluster.leader
-        return str(info.cluster.leader)
+        for _ in range(ELECTION_TRIES):
+            with contextlib.suppress(NatsTimeoutError):
+                info = await nc.jetstream(timeout=5).stream_info(subjects.EVENTS_STREAM)
+                if info.cluster is not None and info.cluster.leader:
+                    return str(info.cluster.leader)
+            await asyncio.sleep(0.5)
+        raise AssertionError("the events stream has no leader")
     finally:
         await close_nats(nc)
 

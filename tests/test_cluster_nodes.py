@@ -23,7 +23,9 @@ from memgate.bus import subjects
 from memgate.bus.logins import inbox_prefix
 from memgate.cluster.lease import BUCKET, holder, lease_bucket
 from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
-from tests.cluster import ADMIN, NODES, in_sync, start_cluster, cluster_stores
+from tests.cluster import (
+    ADMIN, NODES, RESUME_WITHIN_S, cluster_stores, in_sync, start_cluster, until,
+)
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
 from tests.test_processes import healthy
 
@@ -224,10 +226,13 @@ async def test_a_standby_node_killed_outright_leaves_the_owner_writing_and_copie
         await asyncio.sleep(1)
         await spare.kill()
         before = len(agent.acked)
-        await asyncio.sleep(3)
+
+        async def written() -> bool:  # past the apply's timeout and any JetStream election
+            return len(agent.acked) > before + 10
+
+        await until(written, RESUME_WITHIN_S)
         stop.set()
         await load
-        assert len(agent.acked) > before + 10  # the owner did not wait for the dead standby
         assert spare.name not in (await cluster_stores(survivor))["storage.p0"]["inSync"]  # type: ignore[operator]
         await agent.all_kept(survivor)
 
