@@ -56,9 +56,10 @@ class Node:
     process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            *self.command, env=self.env, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        """Started (again); what it prints goes to `nN.log` beside its data directory."""
+        with self.data_dir.with_name(f"{self.name}.log").open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, env=self.env, stdout=log, stderr=log, start_new_session=True)
 
     def kill_tree(self) -> None:
         """kill -9 of the node's whole process group (its nats-server and actors included)."""
@@ -184,12 +185,17 @@ async def in_sync(node: Node, standbys: int = NODES - 1) -> bool:
                for name, s in shown.items() if name.startswith("storage."))
 
 
+def running(nodes: list[Node]) -> Node:
+    """A node whose `memgate up` runs."""
+    return next(n for n in nodes if n.process is not None and n.process.returncode is None)
+
+
 async def failover(nodes: list[Node], token: str) -> dict[str, float]:
     """kill -9 of the whole node serving `storage.p0`: seconds to the first remember
     acknowledged through another node (its standby took the partition over), to the first
     recall that is not degraded; then the node restarted on its data directory, and seconds
     until it keeps an in-sync copy again."""
-    serving = (await stores(nodes[0]))["storage.p0"]["servedBy"]
+    serving = (await stores(running(nodes)))["storage.p0"]["servedBy"]
     victim = next(node for node in nodes if node.name == serving)
     survivor = next(node for node in nodes if node is not victim)
     other = Rest(survivor.http, token)
@@ -254,7 +260,7 @@ async def listed(rest: Rest) -> set[str]:
 async def resync(nodes: list[Node], token: str, memories: int) -> dict[str, float]:
     """`memories` memories in `storage.p0`, then a standby node stopped, its data directory
     deleted and started again: seconds from its start to an in-sync copy."""
-    rest = Rest(nodes[0].http, token)
+    rest = Rest(running(nodes).http, token)
     done = 0
 
     async def writer(i: int) -> None:
@@ -266,8 +272,9 @@ async def resync(nodes: list[Node], token: str, memories: int) -> dict[str, floa
     started = time.monotonic()
     await asyncio.gather(*(writer(i) for i in range(16)))
     loaded_s = time.monotonic() - started
-    serving = (await stores(nodes[0]))["storage.p0"]["servedBy"]
-    standby = next(node for node in nodes[1:] if node.name != serving)
+    serving = (await stores(running(nodes)))["storage.p0"]["servedBy"]
+    standby = next(node for node in nodes if node.name != serving and node.process is not None
+                   and node.process.returncode is None)
     assert standby.process is not None
     standby.process.send_signal(signal.SIGINT)
     await standby.process.wait()
@@ -276,7 +283,7 @@ async def resync(nodes: list[Node], token: str, memories: int) -> dict[str, floa
     await standby.start()
     await until_healthy(standby.http, timeout_s=180)
     healthy_s = time.monotonic() - restarted
-    await until(lambda: in_sync(nodes[0]))
+    await until(lambda: in_sync(standby))
     return {f"remember {memories:,} memories (16 agents) s": loaded_s,
             "empty node: start → healthy s": healthy_s,
             f"empty node: start → in-sync copy of {memories:,} memories s":
@@ -292,6 +299,7 @@ async def single(args: argparse.Namespace) -> dict[str, float]:
 async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
                                                        list[dict[str, float]], dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="memgate-bench-cluster-") as tmp:
+        print(f"bench.cluster: nodes' data and logs under {tmp}", file=sys.stderr)
         async with three_nodes(Path(tmp)) as nodes:
             token = await agent_token(Running("", "", nodes[0].http, nodes[0].data_dir))
             await until(lambda: in_sync(nodes[0]))

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -128,6 +129,36 @@ class Agent:
         assert set(found.values()) <= self.sent
 
 
+ELECTION_S = 30.0  # JetStream electing the leaders a killed node led (4-9 s each), and more
+
+
+async def answered(call: Callable[[], Awaitable[httpx.Response]]) -> dict[str, Any]:
+    """The JSON of a 200 answer to `call`, asked again while the cluster answers 503 or 504 (a
+    store moving to another node, its buckets' leaders being elected), for up to
+    `ELECTION_S`."""
+    started = time.monotonic()
+    while True:
+        answer = await call()
+        if answer.status_code not in (503, 504) or time.monotonic() - started > ELECTION_S:
+            break
+        await asyncio.sleep(0.5)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def agent_in_a_new_workspace(through: Node) -> tuple[str, str]:
+    """A workspace made for an agent (memory read and write), and the agent's token."""
+    created = await answered(lambda: through.http.post(
+        "/api/admin/workspaces", json={"name": "acme"}, headers=ADMIN))
+    ws, owner = created["workspaceId"], {
+        "Authorization": f"Bearer {created['owner']['memberToken']}"}
+    await answered(lambda: through.http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
+                                            json={"agentMemoriesEnabled": True}))
+    return ws, str((await answered(lambda: through.http.post(
+        f"/api/w/{ws}/credentials", headers=owner,
+        json={"name": "bot", "scopes": ["memory:read", "memory:write"]})))["token"])
+
+
 async def start_cluster(tmp_path: Path, env: dict[str, str] | None = None,
                    ) -> tuple[list[Node], Agent]:
     cluster_ports = [free_port() for _ in range(NODES)]
@@ -137,14 +168,7 @@ async def start_cluster(tmp_path: Path, env: dict[str, str] | None = None,
             await one_node.start()
         for one_node in nodes:
             await eventually(lambda n=one_node: healthy(n.http), timeout=150)
-        created = (await nodes[0].http.post("/api/admin/workspaces", json={"name": "acme"},
-                                            headers=ADMIN)).json()
-        ws, owner = created["workspaceId"], {
-            "Authorization": f"Bearer {created['owner']['memberToken']}"}
-        await nodes[0].http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
-                                json={"agentMemoriesEnabled": True})
-        token = (await nodes[0].http.post(f"/api/w/{ws}/credentials", headers=owner, json={
-            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
+        _, token = await agent_in_a_new_workspace(nodes[0])
     except BaseException:  # no node outlives a cluster that did not come up
         for one_node in nodes:
             await one_node.stop()
@@ -152,20 +176,11 @@ async def start_cluster(tmp_path: Path, env: dict[str, str] | None = None,
     return nodes, Agent({"Authorization": f"Bearer {token}"})
 
 
-ELECTION_S = 30.0  # JetStream electing the leaders a killed node led (4-9 s each), and more
-
-
 async def cluster_stores(through: Node) -> dict[str, dict[str, object]]:
     """The operator's view of every store; asked again while it answers 503 (the buckets'
     leaders being elected after a node was killed), for up to `ELECTION_S`."""
-    started = time.monotonic()
-    for _ in range(int(ELECTION_S / 0.5)):
-        shown = await through.http.get("/api/admin/cluster", headers=ADMIN)
-        if shown.status_code != 503 or time.monotonic() - started > ELECTION_S:
-            break
-        await asyncio.sleep(0.5)
-    assert shown.status_code == 200, shown.text
-    return {s["name"]: s for s in shown.json()["stores"]}
+    shown = await answered(lambda: through.http.get("/api/admin/cluster", headers=ADMIN))
+    return {s["name"]: s for s in shown["stores"]}
 
 
 async def in_sync(through: Node, names: list[str], standbys: int) -> bool:

@@ -14,7 +14,9 @@ import pytest
 
 from memgate.runtime.actor import partition_of
 from tests.conftest import eventually
-from tests.cluster import ADMIN, NODES, Agent, Node, start_cluster, cluster_stores
+from tests.cluster import (
+    NODES, Agent, Node, agent_in_a_new_workspace, cluster_stores, start_cluster,
+)
 from tests.test_processes import healthy
 
 pytestmark = pytest.mark.timeout(420)
@@ -27,20 +29,9 @@ async def _agents_on_every_partition(through: Node) -> list[Agent]:
     """An agent in a workspace of each partition."""
     agents: dict[str, Agent] = {}
     while len(agents) < PARTITIONS:
-        answer = await through.http.post("/api/admin/workspaces", json={"name": "w"},
-                                         headers=ADMIN)
-        assert answer.status_code == 200, answer.text
-        created = answer.json()
-        ws = created["workspaceId"]
-        partition = partition_of(ws, PARTITIONS)
-        if partition in agents:
-            continue
-        owner = {"Authorization": f"Bearer {created['owner']['memberToken']}"}
-        await through.http.put(f"/api/w/{ws}/ask-history/settings", headers=owner,
-                               json={"agentMemoriesEnabled": True})
-        token = (await through.http.post(f"/api/w/{ws}/credentials", headers=owner, json={
-            "name": "bot", "scopes": ["memory:read", "memory:write"]})).json()["token"]
-        agents[partition] = Agent({"Authorization": f"Bearer {token}"})
+        ws, token = await agent_in_a_new_workspace(through)
+        agents.setdefault(partition_of(ws, PARTITIONS),
+                          Agent({"Authorization": f"Bearer {token}"}))
     return list(agents.values())
 
 

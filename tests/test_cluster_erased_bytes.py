@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.cluster import NODES, in_sync, start_cluster, cluster_stores
+from tests.cluster import NODES, answered, cluster_stores, in_sync, start_cluster
 from tests.test_erased_bytes import canary, hits, needles
 from tests.test_processes import healthy
 
@@ -28,11 +28,10 @@ async def test_a_forgotten_memory_leaves_every_byte_of_every_node(tmp_path: Path
         up, down = [n for n in nodes if n is not home]
         word = canary()
         wanted = needles(word)
-        remembered = await home.http.post(
+        remembered = await answered(lambda: home.http.post(
             "/api/agent/v1/memories/remember", headers=agent.headers,
-            json={"namespace": "n", "text": f"the {word} stays between us"})
-        assert remembered.status_code == 200, remembered.text
-        memory_id = remembered.json()["memoryId"]
+            json={"namespace": "n", "text": f"the {word} stays between us"}))
+        memory_id = remembered["memoryId"]
 
         async def on(node_dir: Path) -> bool:
             return bool(hits(node_dir, wanted))
@@ -45,10 +44,12 @@ async def test_a_forgotten_memory_leaves_every_byte_of_every_node(tmp_path: Path
 
         # a standby down during the forget (killed outright: no chance to tidy up)
         await down.kill()
-        forgotten = await up.http.post("/api/agent/v1/memories/forget", headers=agent.headers,
-                                       json={"memoryId": memory_id})
-        assert forgotten.status_code == 200, forgotten.text
-        assert forgotten.json()["deleted"] == 1
+        # (asked again while the standbys record cannot be written: the JetStream leaders the
+        # killed node led being elected; a 503 is no answer, and the forget may have been done)
+        forgotten = await answered(lambda: up.http.post(
+            "/api/agent/v1/memories/forget", headers=agent.headers, json={"memoryId": memory_id}))
+        assert forgotten["deleted"] in (0, 1)
+        assert memory_id not in await agent.listed(up)
         # answered: gone from the standby's copy at once; from the home's derived stores (text
         # index, vectors) as soon as their consumers delete it, as on one node
         assert hits(up.data_dir, wanted) == [], up.name

@@ -20,6 +20,7 @@ waiting out its expiry.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ T = TypeVar("T")
 
 HOMES = "MEMGATE_HOMES"
 NODE_FILE = "node.json"  # in the data directory: this disk's id, and the node it belongs to
+HOME_TRIES, HOME_RETRY_S = 60, 0.5  # a home made elsewhere, read on a replica catching up
 CLAIM_ATTEMPTS = 5  # a lease that expires between a refused create and the read that follows
 
 
@@ -116,15 +118,18 @@ async def homes_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
 
 async def make_home(kv: KeyValue, name: str, disk: Disk) -> dict[str, str]:
     """The home of `name`: `disk`'s if it had none (first come, by compare-and-set)."""
-    home = await home_of(kv, name)
-    if home is None:
+    for _ in range(HOME_TRIES):
+        home = await home_of(kv, name)
+        if home is not None:
+            return home
         try:
             await kv.create(name, json.dumps(disk.home()).encode())
             return disk.home()
-        except KeyWrongLastSequenceError:  # another node made it its home just now
-            home = await home_of(kv, name)
-    assert home is not None, f"the home of {name} was made, then deleted"
-    return home
+        # another node made it its home just now, and the replica read may not show it yet
+        # (nats-py's create reads the key again, and a lagging replica says "not found")
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
+            await asyncio.sleep(HOME_RETRY_S)
+    raise UnavailableError(f"the home of {name} could not be read")
 
 
 async def settle_homes(js: JetStreamContext, disk: Disk, names: Iterable[str], *,
