@@ -12,18 +12,19 @@ from pathlib import Path
 import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import ServiceUnavailableError
 
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus import subjects
 from memgate.bus.logins import inbox_prefix
+from memgate.bus.streams import until_jetstream_answers
 from memgate.contracts.events import MEMORY_EVENT, MemoryStored
 from tests.conftest import close_nats, eventually
-from tests.cluster import NODES, Node, in_sync, start_cluster
+from tests.cluster import ELECTION_S, NODES, Node, in_sync, start_cluster
 
 pytestmark = pytest.mark.timeout(420)
 
-ELECTION_TRIES = 10
 
 
 async def _connect(node: Node) -> nats.NATS:
@@ -34,16 +35,19 @@ async def _connect(node: Node) -> nats.NATS:
 
 
 async def _leader(node: Node) -> str:
-    """The node leading the events stream (waiting out an election: it answers nothing)."""
+    """The node leading the events stream (waiting out an election: JetStream answers 503, or
+    nothing, meanwhile)."""
     nc = await _connect(node)
     try:
-        for _ in range(ELECTION_TRIES):
-            with contextlib.suppress(NatsTimeoutError):
-                info = await nc.jetstream(timeout=5).stream_info(subjects.EVENTS_STREAM)
-                if info.cluster is not None and info.cluster.leader:
-                    return str(info.cluster.leader)
-            await asyncio.sleep(0.5)
-        raise AssertionError("the events stream has no leader")
+        js = nc.jetstream(timeout=5)
+
+        async def led() -> str:
+            info = await js.stream_info(subjects.EVENTS_STREAM)
+            if info.cluster is None or not info.cluster.leader:
+                raise ServiceUnavailableError  # no leader yet: asked again
+            return str(info.cluster.leader)
+
+        return await until_jetstream_answers(led, timeout_s=ELECTION_S)
     finally:
         await close_nats(nc)
 
@@ -53,9 +57,11 @@ async def _stored(node: Node) -> list[MemoryStored]:
     nc = await _connect(node)
     try:
         js = nc.jetstream(timeout=10)
-        pending = (await js.stream_info(subjects.EVENTS_STREAM)).state.messages
-        subscription = await js.pull_subscribe(subjects.EVENTS_SUBJECTS, durable=None,
-                                               stream=subjects.EVENTS_STREAM)
+        pending = (await until_jetstream_answers(
+            lambda: js.stream_info(subjects.EVENTS_STREAM), timeout_s=ELECTION_S)).state.messages
+        subscription = await until_jetstream_answers(lambda: js.pull_subscribe(
+            subjects.EVENTS_SUBJECTS, durable=None, stream=subjects.EVENTS_STREAM),
+            timeout_s=ELECTION_S)
         found: list[MemoryStored] = []
         read = 0
         while read < pending:
