@@ -5,6 +5,7 @@ real `memgate up` processes and real DuckDB files."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import sys
@@ -134,3 +135,26 @@ def test_a_lease_held_by_a_process_that_exited_unreaped_is_taken_over(tmp_path: 
         assert not disk.held_by_a_dead_process_here(living)
     finally:
         exited.wait()
+
+
+def _disk_of(data_dir: str, ids: multiprocessing.Queue[str]) -> None:
+    from memgate.cluster.ownership import Disk
+
+    ids.put(Disk.of(Path(data_dir), None).disk)
+
+
+def test_the_processes_of_one_memgate_starting_together_agree_on_one_disk(
+        tmp_path: Path) -> None:
+    """`DIR/node.json` is made once: processes that start together on a new data directory
+    read one disk id (the supervisor's children did race here: one failed to start)."""
+    for attempt in range(10):
+        data_dir = tmp_path / str(attempt)
+        ids: multiprocessing.Queue[str] = multiprocessing.Queue()
+        processes = [multiprocessing.Process(target=_disk_of, args=(str(data_dir), ids))
+                     for _ in range(4)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(30)
+        assert [p.exitcode for p in processes] == [0] * 4
+        assert len({ids.get(timeout=5) for _ in processes}) == 1

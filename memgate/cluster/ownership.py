@@ -86,9 +86,16 @@ class Disk:
             return cls(recorded["node"], recorded["disk"], host, os.getpid())
         data_dir.mkdir(parents=True, exist_ok=True)
         disk = cls(node or host, uuid.uuid4().hex, host, os.getpid())
-        tmp = path.with_suffix(".tmp")
+        # the processes of one `memgate up` start together: the first to link its file wins,
+        # and the others read that one (one disk id per data directory)
+        tmp = path.with_name(f"{NODE_FILE}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"node": disk.node, "disk": disk.disk}))
-        tmp.replace(path)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return cls.of(data_dir, node)
+        finally:
+            tmp.unlink(missing_ok=True)
         return disk
 
     def home(self) -> dict[str, str]:
