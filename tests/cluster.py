@@ -54,6 +54,16 @@ class Node:
                      "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "100000", **self._env},
                 stdout=log, stderr=log)
 
+    async def drain(self) -> str:
+        """`memgate cluster drain` of this node: what it printed (asserted to succeed)."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "memgate.adapters", "cluster", "drain", self.name,
+            "--data-dir", str(self.data_dir), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(process.communicate(), 180)
+        assert process.returncode == 0, out.decode()
+        return out.decode()
+
     async def kill(self) -> None:
         """kill -9 of the supervisor, its nats-server and every child at once."""
         assert self.process is not None
