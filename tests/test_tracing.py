@@ -26,9 +26,10 @@ def every_trace(traces: Path) -> dict[str, str]:
 
 
 def spans(traces: Path) -> list[Span]:
-    """Every span every process exported (one JSON object per line, a file per process)."""
+    """Every span every process exported (one JSON object per line, a file per process); a
+    line still being written (no newline yet) is left for the next look."""
     return [json.loads(line) for path in sorted(traces.glob("*.jsonl"))
-            for line in path.read_text().splitlines() if line.strip()]
+            for line in path.read_text().split("\n")[:-1] if line.strip()]
 
 
 def process_of(span: Span) -> str:

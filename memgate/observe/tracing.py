@@ -64,18 +64,21 @@ class JsonLinesExporter(SpanExporter):
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8", buffering=1)
+        # one write(2) per batch on an O_APPEND descriptor: a text file's buffer would split a
+        # long batch into several writes, and a reader could see half a line between them
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = "".join(span.to_json(indent=None) + "\n" for span in spans)
+        lines = "".join(span.to_json(indent=None) + "\n" for span in spans).encode()
         with self._lock:
-            self._file.write(lines)
+            while lines:
+                lines = lines[os.write(self._fd, lines):]
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         with self._lock:
-            self._file.close()
+            os.close(self._fd)
 
 
 def _otlp(endpoint: str) -> SpanExporter:
