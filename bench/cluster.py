@@ -305,8 +305,10 @@ async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
             await until(lambda: in_sync(nodes[0]))
             measured = await measure(Rest(nodes[0].http, token), args)
             rounds = [await failover(nodes, token) for _ in range(args.rounds)]
+            if not args.memories:
+                return measured, rounds, {}
             resynced = await resync(nodes, token, args.memories)
-            # the vectors are rebuilt where the partition moves: how long with many memories
+            # the vectors travel with the replica: how long with many memories
             large = await failover(nodes, token)
             resynced[f"with {args.memories:,} memories: kill -9 → first non-degraded recall s"] \
                 = large["kill -9 → first non-degraded recall s"]
@@ -319,9 +321,10 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5, help="failover rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="failover rounds (0: none)")
     parser.add_argument("--memories", type=int, default=10_000,
-                        help="memories in the partition a resynchronising node copies")
+                        help="memories in the partition a resynchronising node copies "
+                             "(0: no resynchronisation)")
     args = parser.parse_args()
     one = await single(args)
     three, rounds, resynced = await clustered(args)
@@ -330,6 +333,17 @@ async def main() -> None:
     for name in one:
         print(f"| {name} {'' if name == 'ops/s' else 'ms'} | {one[name]:.2f} | "
               f"{three[name]:.2f} | {three[name] / one[name]:.2f} |")
+    if rounds:
+        print_rounds(rounds)
+    if resynced:
+        print()
+        print("| resynchronisation | s |")
+        print("|---|---:|")
+        for name, seconds in resynced.items():
+            print(f"| {name} | {seconds:.1f} |")
+
+
+def print_rounds(rounds: list[dict[str, float]]) -> None:
     print()
     print(f"| failover of the node serving storage.p0 ({len(rounds)} rounds) | "
           + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " | median |")
@@ -340,11 +354,7 @@ async def main() -> None:
               + f" | {statistics.median(values):.1f} |")
     lost = sum(r["of them not listed afterwards"] for r in rounds)
     print(f"\nacknowledged remembers lost over {len(rounds)} kill -9 rounds: {lost:.0f}")
-    print()
-    print("| resynchronisation | s |")
-    print("|---|---:|")
-    for name, seconds in resynced.items():
-        print(f"| {name} | {seconds:.1f} |")
+
 
 if __name__ == "__main__":
     asyncio.run(main())

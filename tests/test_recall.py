@@ -15,11 +15,13 @@ from faststream.nats import NatsBroker
 from faststream.security import SASLPlaintext
 from nats.aio.msg import Msg
 
+from memgate.actors.embedder import URGENT_MAX
 from memgate.actors.indexer import IndexerActor
 from memgate.bus import BusClient
 from memgate.contracts import RememberResult
 from memgate.contracts.internal import Owner, StoreRemember
 from memgate.policy.fusion import rrf
+from tests.agents import Agent
 from tests.conftest import Memgate, eventually, run_memgate
 
 
@@ -250,6 +252,36 @@ async def test_recall_reaches_memories_older_than_the_newest_300(
     assert oldest.memory_id not in [m.memory_id for m in elsewhere.memories]
     assert all(m.namespace == "bulk" and m.ranks.bm25 is None for m in elsewhere.memories)
     await agent.close()
+
+
+async def test_vectors_lost_with_their_file_are_made_again_without_a_new_remember(
+    tmp_path: Path,
+) -> None:
+    """An owner whose vectors are gone (the file lost, or a partition's vectors made again on
+    another node) and who remembers nothing more is found by meaning again soon: the first
+    recall that finds the backlog has it embedded in the background."""
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        owner = await memgate.workspace()
+        token = await memgate.credential(owner)
+        agent = await memgate.agent("bus", token)
+        for i in range(3 * URGENT_MAX):
+            await agent.remember("notes", f"the courier left parcel {i} at the loading dock")
+        await eventually(lambda: _complete(agent, "a delivery"))
+        vectors = memgate.settings.data_dir / "partitions" / "p0" / "vectors.duckdb"
+    for lost in (vectors, vectors.with_name(vectors.name + ".wal")):
+        lost.unlink(missing_ok=True)
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        agent = await memgate.agent("bus", token)
+        await eventually(lambda: _complete(agent, "a delivery"), timeout=30)
+        assert (await agent.recall("a delivery")).memories[0].ranks.cosine == 1
+
+
+async def _complete(agent: Agent, query: str) -> bool:
+    """A recall of `query` finds memories with every channel answering (not degraded)."""
+    result = await agent.recall(query)
+    return not result.degraded and bool(result.memories)
 
 
 async def test_text_indexes_lost_with_the_ram_disk_are_rebuilt_on_first_recall(

@@ -19,6 +19,7 @@ their speaker, with those scores (the recall actor adds the context channel's).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from functools import partial
 from pathlib import Path
@@ -45,6 +46,8 @@ from memgate.runtime.compaction import Compactions
 from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
 
+log = logging.getLogger("memgate.embedder")
+
 # One ONNX thread: documents are embedded in the background, where CPU counts more than latency,
 # and one thread costs less CPU per text (docs/experiments/embedding.md, "Figures quoted from
 # the code").
@@ -56,6 +59,9 @@ EVENT_BATCH = 128
 # ~2 ms each; more means a backlog (a burst of remembers), which the recall does not wait for
 # (it says `degraded: ["cosine"]`) and the events embed in the background.
 URGENT_MAX = 8
+# Vectors per write of the vectors file (and per batch a cluster ships to the standbys: ~2 KiB
+# each as JSON, well below NATS's payload limit), and texts per step of an owner's backlog.
+VECTOR_CHUNK = 256
 
 
 class EmbedderActor(ActorBase):
@@ -76,7 +82,10 @@ class EmbedderActor(ActorBase):
         self._model_thread = Serial(f"{self.name}.model", background=True)
         # a waiting recall's few versions, ahead of the backlog (one ONNX session, two threads)
         self._urgent_thread = Serial(f"{self.name}.urgent")
-        self._store_thread = Serial(f"{self.name}.store")
+        # the writer of the vectors (named as the store: on a cluster, what it commits is
+        # applied by the partition's standbys before it returns, `cluster.replication`)
+        self._store_thread = Serial(self.name)
+        self._backlogs: dict[Owner, asyncio.Task[None]] = {}
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
                                         f"{self.name}.vectors")
         self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
@@ -96,6 +105,9 @@ class EmbedderActor(ActorBase):
 
     async def stop(self) -> None:
         await self._events.stop()
+        for task in self._backlogs.values():
+            task.cancel()
+        await asyncio.gather(*self._backlogs.values(), return_exceptions=True)
         if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
         if (vectors := EmbedderActor.vectors.take(self)) is not None:
@@ -179,7 +191,10 @@ class EmbedderActor(ActorBase):
             kept.append(rows[np.asarray(fresh)])
             ids += [item.memory_id for item in items]
             owners += [(owner.tenant, owner.subject_id)] * len(items)
-        await self._store_thread(self.vectors.put, ids, owners, np.vstack(kept))
+        matrix = np.vstack(kept)
+        for at in range(0, len(ids), VECTOR_CHUNK):
+            chunk = slice(at, at + VECTOR_CHUNK)
+            await self._store_thread(self.vectors.put, ids[chunk], owners[chunk], matrix[chunk])
 
     def _observe_embedded(self, catalog: Catalog, memory_ids: list[str]) -> None:
         """`memgate_embedded_after_seconds`: from each version's commit to its vector."""
@@ -232,10 +247,33 @@ class EmbedderActor(ActorBase):
         ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
         missing = catalog.unembedded()
         if len(missing) > URGENT_MAX:
+            self._embed_backlog(owner)
             raise UnavailableError("memories are still being embedded")
         await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
         if catalog.unembedded():
             raise UnavailableError("some memories are not embedded yet")
+
+    def _embed_backlog(self, owner: Owner) -> None:
+        """The owner's versions without vectors embedded in the background, `VECTOR_CHUNK` at
+        a time, unless that runs already: a backlog no event brings (the vectors file lost,
+        or made again where a partition moved) is not left to the owner's next remember."""
+        if owner in self._backlogs:
+            return
+
+        async def embed() -> None:
+            try:
+                while (catalog := self._catalogs.get(owner)) is not None and (
+                        missing := catalog.unembedded()):
+                    await self._embed({owner: (catalog, missing[:VECTOR_CHUNK])}, {},
+                                      self._model_thread)
+                    if len(catalog.unembedded()) >= len(missing):  # texts gone meanwhile
+                        return
+            except Exception as exc:  # the next rank that finds it missing starts it again
+                log.warning("%s: embedding a backlog failed (%s)", self.name, type(exc).__name__)
+            finally:
+                self._backlogs.pop(owner, None)
+
+        self._backlogs[owner] = asyncio.create_task(embed(), name=f"{self.name}.backlog")
 
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its

@@ -413,13 +413,8 @@ async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: As
 
 def _derived(settings: Settings, name: str) -> list[Path]:
     """What a rebuilt store leaves on a disk that no longer serves it: deleted."""
-    kind, _, partition = name.partition(".")
-    if kind == "indexer":
-        return [settings.text_index(partition)]
-    if kind == "embedder":
-        vectors = settings.data_dir / "partitions" / partition / "vectors.duckdb"
-        return [vectors, vectors.with_name(vectors.name + ".wal")]
-    return []
+    partition = name.partition(".")[2]
+    return [settings.text_index(partition)] if replication.rebuilt(name) else []
 
 
 async def _primary(settings: Settings, kinds: KindConnections, ownership: Ownership,

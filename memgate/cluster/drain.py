@@ -22,7 +22,7 @@ from memgate.bus import BusClient, subjects
 from memgate.bus.logins import inbox_prefix, kind_of
 from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.ownership import cluster_status
-from memgate.cluster.replication import Drain, Drained, movable, rebuilt
+from memgate.cluster.replication import Drain, Drained, follows, movable
 from memgate.contracts.errors import MemgateError
 
 WAIT_EVERY_S = 0.2
@@ -47,7 +47,7 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
     try:
         js = (await connection("storage")).jetstream(timeout=10)
         served = [o.name for o in await cluster_status(js) if o.owner and o.owner.node == node]
-        served.sort(key=rebuilt)  # the derived stores move after their partitions
+        served.sort(key=lambda name: follows(name) is not None)  # derived: after their partitions
         say(f"memgate: {node} serves {len(served)} stores")
         leases = await lease_bucket(js)
 

@@ -64,6 +64,7 @@ FOLLOW_EVERY_S = 2.0  # how often a rebuilt store looks where its partition is
 HANDOVER_S = 3.0  # how long the standby a drain names has to take the store over alone
 RESTART_S = 12.0  # how long a process that gave its leases up has to claim them back
 WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
+PENDING_AT_MOST = 2_000  # units a standby holds unapplied before it applies them as they come
 # The statements that change nothing in the file: not shipped.
 _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
           "ATTACH", "DETACH", "USE", "SUMMARIZE", "FROM", "WITH")
@@ -79,18 +80,23 @@ def files_of(name: str) -> tuple[str, ...]:
     kind, _, partition = name.partition(".")
     if kind == "storage":
         return (f"partitions/{partition}/memories.duckdb",)
+    if kind == "embedder":
+        return (f"partitions/{partition}/vectors.duckdb",)
     return _FILES.get(name, ())
 
 
 def rebuilt(name: str) -> bool:
-    """A store derived from its partition's memories, rebuilt where the partition moves (the
-    Tantivy indexes and the vectors: docs/DECISIONS.md, "Derived data is rebuilt")."""
-    return name.startswith(("indexer.", "embedder."))
+    """A store rebuilt where its partition moves, never copied: the Tantivy indexes (in RAM,
+    made in seconds). The vectors are copied: made again they cost minutes of the model's
+    time (docs/DECISIONS.md, "The vectors travel with the replica")."""
+    return name.startswith("indexer.")
 
 
 def follows(name: str) -> str | None:
-    """The store a rebuilt one moves with (`storage.pN` for `indexer.pN`)."""
-    return f"storage.{name.partition('.')[2]}" if rebuilt(name) else None
+    """The partition a derived store moves with (`storage.pN` for `indexer.pN` and
+    `embedder.pN`): it is served where its memories are."""
+    kind, _, partition = name.partition(".")
+    return f"storage.{partition}" if kind in ("indexer", "embedder") else None
 
 
 def movable(name: str) -> bool:
@@ -646,6 +652,9 @@ class Standby:
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._thread = _Thread(self.name)
+        self._pending: list[Unit] = []  # received in order and answered, not yet applied
+        self._applying = asyncio.Lock()
+        self._drain_task: asyncio.Task[None] | None = None
 
     def endpoints(self) -> list[Endpoint]:
         if rebuilt(self.store):
@@ -653,15 +662,23 @@ class Standby:
         return [Endpoint(subject(self.store, f"apply.{self._node}"), self.apply)]
 
     async def start(self) -> None:
-        await self._thread(self._delete)  # stale: never served, never promoted from
+        await self._discard()  # stale: never served, never promoted from
         self._task = asyncio.create_task(self._follow(), name=self.name)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._drain_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._pending.clear()  # the copy is deleted when this process starts again
         await self._thread(self._close)
         self._thread.shutdown()
+
+    async def _discard(self) -> None:
+        """The copy deleted, with what was received for it and not yet applied."""
+        async with self._applying:
+            self._pending.clear()
+            await self._thread(self._delete)
 
     def _paths(self) -> list[Path]:
         return [self._root / file for file in files_of(self.store)]
@@ -686,41 +703,79 @@ class Standby:
                 stale.unlink(missing_ok=True)
 
     async def apply(self, payload: bytes) -> Applied:
+        """A batch received in order: answered once held here, applied to the files in the
+        background, with those that follow (one transaction for all that waited). A batch that
+        rewrites a file or writes a plain one (a deletion's rewrite, a key shredded) is applied
+        with everything before it before it is answered: erased bytes leave this copy's files
+        before the owner answers anyone (docs/DECISIONS.md, "A standby answers once it holds
+        a batch")."""
         epoch, seq, units = decode_batch(payload)
         if not self._epoch or epoch != self._epoch or seq != self._seq + 1:
             self._epoch = 0  # out of step: it copies the store again
             raise ConflictError("this standby is not in step: it copies the store again",
                                 {"store": self.store})
-        try:
-            await self._thread(self._apply, units)
-        except BaseException:
-            self._epoch = 0
-            raise
         self._seq = seq
+        self._pending.extend(units)
+        if len(self._pending) >= PENDING_AT_MOST or \
+                any(not isinstance(statements, list) for _, statements in units):
+            await self.drained()
+        elif self._drain_task is None or self._drain_task.done():
+            self._drain_task = asyncio.create_task(self._drain_quietly(),
+                                                   name=f"{self.name}.apply")
         return Applied(seq=seq)
 
+    async def drained(self) -> None:
+        """Every batch received so far applied to the files; out of step if one failed."""
+        async with self._applying:
+            while self._pending:
+                units, self._pending = self._pending, []
+                try:
+                    await self._thread(self._apply, units)
+                except BaseException:
+                    self._epoch = 0  # the next batch is refused: it copies the store again
+                    self._pending.clear()
+                    raise
+
+    async def _drain_quietly(self) -> None:
+        try:
+            await self.drained()
+        except Exception as exc:
+            log.warning("%s: a batch could not be applied (%s): out of step", self.name,
+                        type(exc).__name__)
+
     def _apply(self, units: list[Unit]) -> None:
+        """The units in order; the statements of consecutive units on one file in one
+        transaction (each was a transaction of its own on the owner)."""
         from memgate.storage import compaction
 
-        for file, statements in units:
-            if isinstance(statements, dict):
-                _write(self._root / file, base64.b64decode(statements["data"]),
-                       append=bool(statements["append"]))
-                continue
-            db = self._db.get(file)
-            if db is None:
-                self._db[file] = db = compaction.plain(self._root / file)
-            if statements is None:
-                self._db[file] = compaction.rewrite(db, self._root / file, standby=True)
-                continue
-            db.begin()
-            try:
+        open_tx: duckdb.DuckDBPyConnection | None = None
+        try:
+            for file, statements in units:
+                db = self._db.get(file)
+                if open_tx is not None and (db is not open_tx or not isinstance(statements,
+                                                                                  list)):
+                    open_tx.commit()
+                    open_tx = None
+                if isinstance(statements, dict):
+                    _write(self._root / file, base64.b64decode(statements["data"]),
+                           append=bool(statements["append"]))
+                    continue
+                if db is None:
+                    self._db[file] = db = compaction.plain(self._root / file)
+                if statements is None:
+                    self._db[file] = compaction.rewrite(db, self._root / file, standby=True)
+                    continue
+                if open_tx is None:
+                    db.begin()
+                    open_tx = db
                 for sql, parameters in statements:
                     db.execute(sql, parameters) if parameters else db.execute(sql)
-            except BaseException:
-                db.rollback()
-                raise
-            db.commit()
+            if open_tx is not None:
+                open_tx.commit()
+        except BaseException:
+            if open_tx is not None:
+                open_tx.rollback()
+            raise
 
     async def _follow(self) -> None:
         """Join, then watch: promote when the owner is gone, copy again when out of step."""
@@ -754,13 +809,16 @@ class Standby:
                 if unowned_since is None:
                     unowned_since = time.monotonic()
                     released = await given_up(leases, self.store)
-                if synced and await self._next(record, unowned_since, released) and \
+                if follows(self.store) is not None:  # derived: made again if not in sync
+                    if await self._promote(stale=not synced):
+                        return True
+                elif synced and await self._next(record, unowned_since, released) and \
                         await self._promote():
                     return True
             else:
                 unowned_since = None
                 if owner.node != self._node and (owner.epoch != self._epoch or not synced):
-                    await self._thread(self._delete)  # another owner: its copy, from scratch
+                    await self._discard()  # another owner: its copy, from scratch
                     await self._join()
             await asyncio.sleep(WATCH_EVERY_S)
 
@@ -819,10 +877,11 @@ class Standby:
             if path.exists() and path.suffix == ".duckdb":
                 self._db[path.relative_to(self._root).as_posix()] = compaction.plain(path)
 
-    async def _promote(self) -> bool:
+    async def _promote(self, *, stale: bool = False) -> bool:
         """This copy becomes the store: its home moved here (one winner), then its actor
-        started on it. False: another node won, or must first (a rebuilt store moves only
-        with its partition)."""
+        started on it (`stale`: on none, the copy deleted first: a derived store is made
+        again). False: another node won, or must first (a derived store moves only with its
+        partition)."""
         from memgate.cluster.ownership import home_of, homes_bucket
 
         homes = await homes_bucket(self._js(), replicas=self._replicas)
@@ -832,6 +891,11 @@ class Standby:
         if await holder(await lease_bucket(self._js(), replicas=self._replicas),
                         self.store) is not None:
             return False  # served again meanwhile (its owner's process came back)
+        if not stale:
+            try:
+                await self.drained()  # every batch it answered for, in its files
+            except Exception:
+                return False
         try:
             entry = await homes.get(self.store)
             if entry.value is None or dict(json.loads(entry.value)) != self._home:
@@ -841,6 +905,8 @@ class Standby:
             await homes.create(self.store, json.dumps(self._home).encode())
         except KeyWrongLastSequenceError:
             return False
+        if stale:
+            await self._discard()
         await self._thread(self._close)
         log.warning("%s: its owner is gone; serving it on this node", self.store)
         try:
@@ -888,5 +954,5 @@ class _Thread:
 
 
 __all__ = ["STANDBYS", "Drain", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
-           "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
+           "follows", "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
            "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket", "wrote"]
