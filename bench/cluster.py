@@ -53,6 +53,7 @@ class Node:
     http: httpx.AsyncClient
     command: list[str]
     env: dict[str, str]
+    nats_url: str = ""
     process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -77,14 +78,15 @@ async def three_nodes(root: Path) -> AsyncIterator[list[Node]]:
     async with AsyncExitStack() as stack:
         nodes = []
         for n in range(NODES):
-            http_port = free_port()
+            http_port, nats_port = free_port(), free_port()
             command = [sys.executable, "-m", "memgate.adapters", "up", "--data-dir",
                        str(root / f"n{n}"), "--http", f"127.0.0.1:{http_port}",
-                       "--nats-port", str(free_port()), "--node", f"n{n}",
+                       "--nats-port", str(nats_port), "--node", f"n{n}",
                        "--cluster", f"127.0.0.1:{cluster_ports[n]}", "--routes", routes]
             http = await stack.enter_async_context(httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{http_port}", timeout=60))
-            node = Node(f"n{n}", root / f"n{n}", http, command, env)
+            node = Node(f"n{n}", root / f"n{n}", http, command, env,
+                        nats_url=f"nats://127.0.0.1:{nats_port}")
             await node.start()
             nodes.append(node)
         try:
@@ -118,12 +120,13 @@ class Rest:
                                     json={"namespace": "bench", "query": query})
 
 
-async def timed(call: Callable[[], Awaitable[httpx.Response]], n: int) -> list[float]:
+async def timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
     samples = []
     for _ in range(n):
         started = time.perf_counter()
         answer = await call()
-        answer.raise_for_status()
+        if isinstance(answer, httpx.Response):
+            answer.raise_for_status()
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
@@ -150,13 +153,25 @@ def note_of(i: int, n: int) -> str:
     return note(random.Random(i * 100_003 + n), n)
 
 
-async def measure(rest: Rest, args: argparse.Namespace) -> dict[str, float]:
+async def measure(rest: Rest, on_bus: Running, args: argparse.Namespace) -> dict[str, float]:
+    """Sequential remembers and recalls over REST, then remembers by an agent on the bus
+    (NATS, its own login), then the closed-loop throughput over REST."""
     remembers = await timed(lambda: rest.remember(note_of(0, int(time.monotonic_ns()))),
                             args.calls)
     await asyncio.sleep(1)  # the events embedded and indexed
     recalls = await timed(lambda: rest.recall("deploy the database"), args.calls)
+    token = rest.auth["Authorization"].removeprefix("Bearer ")
+    agent = await on_bus.agent(token)
+    try:
+        on_the_bus = await timed(lambda: agent.remember(
+            "bench", note_of(1, int(time.monotonic_ns()))), args.calls)
+    finally:
+        await agent.close()
+    await asyncio.sleep(1)
     return {"remember p50": statistics.median(remembers),
             "remember p99": percentile(remembers, 99),
+            "remember over the bus p50": statistics.median(on_the_bus),
+            "remember over the bus p99": percentile(on_the_bus, 99),
             "recall p50": statistics.median(recalls), "recall p99": percentile(recalls, 99),
             "ops/s": await throughput(rest, args.agents, args.seconds)}
 
@@ -293,7 +308,7 @@ async def resync(nodes: list[Node], token: str, memories: int) -> dict[str, floa
 async def single(args: argparse.Namespace) -> dict[str, float]:
     async with memgate_up() as running:
         token = await agent_token(running)
-        return await measure(Rest(running.http, token), args)
+        return await measure(Rest(running.http, token), running, args)
 
 
 async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
@@ -301,9 +316,10 @@ async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
     with tempfile.TemporaryDirectory(prefix="memgate-bench-cluster-") as tmp:
         print(f"bench.cluster: nodes' data and logs under {tmp}", file=sys.stderr)
         async with three_nodes(Path(tmp)) as nodes:
-            token = await agent_token(Running("", "", nodes[0].http, nodes[0].data_dir))
+            first = Running(nodes[0].nats_url, "", nodes[0].http, nodes[0].data_dir)
+            token = await agent_token(first)
             await until(lambda: in_sync(nodes[0]))
-            measured = await measure(Rest(nodes[0].http, token), args)
+            measured = await measure(Rest(nodes[0].http, token), first, args)
             rounds = [await failover(nodes, token) for _ in range(args.rounds)]
             if not args.memories:
                 return measured, rounds, {}
@@ -328,7 +344,7 @@ async def main() -> None:
     args = parser.parse_args()
     one = await single(args)
     three, rounds, resynced = await clustered(args)
-    print("| over REST, through node 1 | one node | three nodes | three / one |")
+    print("| through node 1 (REST unless said) | one node | three nodes | three / one |")
     print("|---|---:|---:|---:|")
     for name in one:
         print(f"| {name} {'' if name == 'ops/s' else 'ms'} | {one[name]:.2f} | "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from memgate.bus import parse, subjects
+from memgate.bus.replies import Handler
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.contracts import (
     Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
@@ -64,10 +65,14 @@ class GovernanceActor(ActorBase):
     def endpoints(self) -> list[Endpoint]:
         """The public commands it takes (`serves`): from the bus, and from the REST and MCP
         adapters of its process (which send the others over the bus)."""
-        handlers = {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
-                    subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
+        handlers = self.handlers()
         return [Endpoint(subject, handlers[subject], queue=QUEUE, max_workers=CONCURRENCY)
                 for subject in self._serves]
+
+    def handlers(self) -> dict[str, Handler]:
+        """Every public command's handler, by subject (whether it `serves` it or not)."""
+        return {subjects.REMEMBER: self.remember, subjects.RECALL: self.recall,
+                subjects.LIST: self.list_memories, subjects.FORGET: self.forget}
 
     def listeners(self) -> dict[str, Listener]:
         return {subjects.PRINCIPALS_CHANGED: self.directory_changed}  # heard by every process

@@ -367,7 +367,11 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     for actor in actors:
         kind = kind_of(actor.name)
         if isinstance(actor, GovernanceActor):  # the adapters of this process ask it here
-            bus.here.update(answered([actor]))
+            # in a cluster, every command: NATS hands a queue group's request to any node's
+            # member alike, so a remember sent to the `store`'s governance was mostly
+            # governed on another node than its partition's (docs/DECISIONS.md, "A
+            # cluster's REST and MCP adapters govern every command in process")
+            bus.here.update(actor.handlers() if settings.routes else answered([actor]))
     for kind, router in routers:
         if kind not in brokers:
             brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
