@@ -137,6 +137,23 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             assert view[name]["epoch"] == (await holder(leases, name) or _none()).epoch
         assert set(shown.json()["nodes"]) <= {f"n{n}" for n in range(NODES)}
 
+        # each copied store's standbys as its owner sees them: in sync, nothing behind
+        async def standbys_in_sync() -> bool:
+            shown = (await two.get("/api/admin/cluster", headers=ADMIN)).json()
+            lag = {s["name"]: s["standbys"] for s in shown["stores"]}
+            assert lag["indexer.p0"] is None  # rebuilt, never copied
+            return all(len(lag[name] or []) == NODES - 1 and all(
+                s["inSync"] and s["behind"] == 0 for s in lag[name] or [])
+                for name in ("storage.p0", "embedder.p0", "directory"))
+
+        await eventually(standbys_in_sync, timeout=60)
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "memgate.adapters", "cluster", "status", "--data-dir",
+            str(one_dir), stdout=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "250"})
+        out, _ = await asyncio.wait_for(status.communicate(), 60)
+        [line] = [line for line in out.decode().splitlines() if " storage.p0 " in line]
+        assert line.count("in sync") == NODES - 1, line
+
         # an agent's NATS login, issued through node 1, works on every node
         login_made = (await one.post("/api/admin/nats-agents", json={"name": "bot"},
                                      headers=ADMIN)).json()

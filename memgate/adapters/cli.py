@@ -219,38 +219,30 @@ app.add_typer(cluster, name="cluster")
 def cluster_status(
     data_dir: Annotated[Path | None, typer.Option(help="the data directory of memgate up")] = None,
 ) -> None:
-    """Each single-writer actor: its home node, the node and process serving it, its epoch."""
+    """Each single-writer actor: its home node, the node and process serving it, its epoch,
+    and each standby as its owner sees it (in sync, batches behind, units not yet applied)."""
     settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
     if not (settings.data_dir / "nats" / "internal.secret").exists():
         raise typer.BadParameter(f"no memgate has run on {settings.data_dir}",
                                  param_hint="--data-dir")
-    from memgate.app.datadir import nats_of
-    from memgate.cluster.ownership import cluster_status as status
-
-    login = internal_logins(settings)["storage"]
-
-    async def read() -> list[Any]:
-        import nats
-
-        from memgate.bus.logins import inbox_prefix
-
-        nc = await nats.connect(nats_of(settings.data_dir), user=login.user,
-                                password=login.password, inbox_prefix=inbox_prefix("storage"),
-                                connect_timeout=5, max_reconnect_attempts=0)
-        try:
-            return await status(nc.jetstream(timeout=10))
-        finally:
-            await nc.close()
-
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("store", "home", "served by", "epoch", "process")
-    for owned in asyncio.run(read()):
-        lease = owned.owner
-        table.add_row(owned.name, owned.home, lease.node if lease else "nobody",
+    from memgate.cluster.drain import lags
+
+    owned, lag = asyncio.run(lags(settings))
+    table = Table("store", "home", "served by", "epoch", "process", "standbys")
+    for store in owned:
+        lease = store.owner
+        standbys = ", ".join(
+            f"{s.node} {'in sync' if s.in_sync else 'copying'}"
+            f"{f' {s.behind} behind' if s.behind else ''}"
+            f"{f' {s.unapplied} unapplied' if s.unapplied else ''}"
+            for s in lag.get(store.name) or [])
+        table.add_row(store.name, store.home, lease.node if lease else "nobody",
                       str(lease.epoch) if lease else "-",
-                      f"{lease.about.get('host')}:{lease.about.get('pid')}" if lease else "-")
+                      f"{lease.about.get('host')}:{lease.about.get('pid')}" if lease else "-",
+                      standbys or "-")
     Console().print(table)
 
 

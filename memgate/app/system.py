@@ -133,7 +133,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
                           origins=settings.allowed_llm_origins()),
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         "cluster": lambda: ClusterActor(
-            js=lambda: kinds.jetstream("cluster"), admin_token=lambda: admin_token(settings),
+            js=lambda: kinds.jetstream("cluster"), bus=bus("cluster"),
+            admin_token=lambda: admin_token(settings),
             names=single_writers(settings.partition_names())),
         "registry": lambda: RegistryActor(path=data / "registry.duckdb", bus=bus("registry"),
                                           publisher=publisher("registry")),

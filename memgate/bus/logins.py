@@ -168,11 +168,13 @@ ROLES: Final[dict[str, Role]] = {
         publish=(subjects.DIRECTORY_NATS_AGENTS,),
         subscribe=(subjects.NATS_RELOAD, _ready("nats-authority")),
         callers=("directory",)),
-    "cluster": Role(  # the operator's view of the leases and homes: reads them, nothing more
-        publish=tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES",
-                                           "MEMGATE_STANDBYS") for grant in (
+    "cluster": Role(  # the operator's view of the leases and homes: reads them, nothing more;
+        # and asks each store's owner its standbys' lag
+        publish=(*(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES",
+                                        "MEMGATE_STANDBYS") for grant in (
             f"$JS.API.STREAM.INFO.KV_{bucket}", f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
             f"$JS.API.DIRECT.GET.KV_{bucket}.>")),
+            subjects.replica(f"{ANY}.lag"), subjects.replica(f"{ANY}.{ANY}.lag")),
         subscribe=(subjects.admin("cluster.>"), _ready("cluster"))),
     ADAPTER: Role(  # REST and MCP: the front door, the admin commands and readiness probes
         publish=(*PUBLIC_COMMANDS, subjects.admin(">"), subjects.space(">"),

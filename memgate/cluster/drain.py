@@ -1,6 +1,7 @@
-"""`memgate cluster drain NODE`: every store NODE serves handed over to an in-sync standby on
-another node (`cluster.replication.Primary.drain`) before NODE is stopped: every home moves
-first, then each owner gives its lease up.
+"""The operator's cluster commands. `memgate cluster status`: each store's owner and its
+standbys' lag. `memgate cluster drain NODE`: every store NODE serves handed over to an in-sync
+standby on another node (`cluster.replication.Primary.drain`) before NODE is stopped: every
+home moves first, then each owner gives its lease up.
 
 Each store is asked on its own kind's login (only a kind's processes talk to its owner), and
 the drain waits until another node holds the store's lease. The stores that do not move (the
@@ -21,28 +22,55 @@ from memgate.app.settings import Settings
 from memgate.bus import BusClient, subjects
 from memgate.bus.logins import inbox_prefix, kind_of
 from memgate.cluster.lease import holder, lease_bucket
-from memgate.cluster.ownership import cluster_status
-from memgate.cluster.replication import Drain, Drained, follows, movable
+from memgate.cluster.ownership import Owned, cluster_status
+from memgate.cluster.replication import Drain, Drained, follows, movable, standby_lag
+from memgate.contracts.cluster import StandbyLag
 from memgate.contracts.errors import MemgateError
 
 WAIT_EVERY_S = 0.2
 
 
+class _Logins:
+    """A connection per actor kind, with that kind's internal login, opened when first used."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._logins = internal_logins(settings)
+        self._url = nats_of(settings.data_dir)
+        self._connections: dict[str, Client] = {}
+
+    async def __call__(self, kind: str) -> Client:
+        if kind not in self._connections:
+            login = self._logins[kind]
+            self._connections[kind] = await nats.connect(
+                self._url, user=login.user, password=login.password,
+                inbox_prefix=inbox_prefix(kind), connect_timeout=5, max_reconnect_attempts=0)
+        return self._connections[kind]
+
+    async def close(self) -> None:
+        for nc in self._connections.values():
+            await nc.close()
+
+
+async def lags(settings: Settings) -> tuple[list[Owned], dict[str, list[StandbyLag] | None]]:
+    """Every store that has a home, and what its owner says of its standbys' lag."""
+    connection = _Logins(settings)
+    try:
+        owned = await cluster_status((await connection("storage")).jetstream(timeout=10))
+
+        async def lag(name: str) -> list[StandbyLag] | None:
+            return await standby_lag(BusClient(await connection(kind_of(name))), name)
+
+        return owned, dict(zip([o.name for o in owned],
+                               await asyncio.gather(*(lag(o.name) for o in owned)),
+                               strict=True))
+    finally:
+        await connection.close()
+
+
 async def drain(settings: Settings, node: str, *, timeout_s: float,
                 say: Callable[[str], None]) -> list[str]:
     """Drain `node`; the replicated stores it still serves afterwards."""
-    logins = internal_logins(settings)
-    url = nats_of(settings.data_dir)
-    connections: dict[str, Client] = {}
-
-    async def connection(kind: str) -> Client:
-        if kind not in connections:
-            login = logins[kind]
-            connections[kind] = await nats.connect(
-                url, user=login.user, password=login.password, inbox_prefix=inbox_prefix(kind),
-                connect_timeout=5, max_reconnect_attempts=0)
-        return connections[kind]
-
+    connection = _Logins(settings)
     left: list[str] = []
     try:
         js = (await connection("storage")).jetstream(timeout=10)
@@ -85,9 +113,8 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
             if not moved:
                 left.append(name)
     finally:
-        for nc in connections.values():
-            await nc.close()
+        await connection.close()
     return left
 
 
-__all__ = ["drain"]
+__all__ = ["drain", "lags"]

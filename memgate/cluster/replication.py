@@ -50,7 +50,8 @@ from memgate.bus import subjects
 from memgate.bus.replies import Endpoint
 from memgate.cluster.lease import PartitionLease, given_up, holder, lease_bucket
 from memgate.contracts.base import Contract
-from memgate.contracts.errors import ConflictError, UnavailableError
+from memgate.contracts.cluster import Lag, StandbyLag
+from memgate.contracts.errors import ConflictError, MemgateError, UnavailableError
 from memgate.ports.bus import Requester
 
 log = logging.getLogger("memgate.cluster")
@@ -270,6 +271,7 @@ def decode_batch(payload: bytes) -> tuple[int, int, list[Unit]]:
 
 class Applied(Contract):
     seq: int
+    unapplied: int = 0  # units the standby holds and has not applied to its files yet
 
 
 class Join(Contract):
@@ -353,6 +355,7 @@ class _Follower:
     after: int  # the batches up to this seq are in its copy
     waiting: list[bytes] | None = field(default_factory=list)  # None: in sync, sent at once
     snapshot: Path | None = None
+    unapplied: int = 0  # what it said it held unapplied, at its last answer
 
 
 class Primary:
@@ -436,8 +439,19 @@ class Primary:
         await self._record_out()
 
     async def _apply(self, node: str, batch: bytes) -> None:
-        await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
-                                timeout=self._timeout_s)
+        applied = await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
+                                          timeout=self._timeout_s)
+        if (follower := self._followers.get(node)) is not None:
+            follower.unapplied = applied.unapplied
+
+    async def lag(self, payload: bytes) -> Lag:
+        """Each standby: in sync or not, the batches it does not hold yet, and what it holds
+        but has not applied to its files (for the operator's view)."""
+        return Lag(standbys=[StandbyLag(
+            node=f.node, in_sync=f.node in self._in_sync,
+            behind=self._numbered - (f.after if f.waiting is not None else self._shipped),
+            unapplied=f.unapplied) for f in sorted(self._followers.values(),
+                                                    key=lambda f: f.node)])
 
     def _drop(self, node: str) -> None:
         follower = self._followers.pop(node, None)
@@ -479,6 +493,7 @@ class Primary:
             return [Endpoint(subject(self.name, "drain"), self.drain)]
         return [Endpoint(subject(self.name, "join"), self.join),
                 Endpoint(subject(self.name, "drain"), self.drain),
+                Endpoint(subject(self.name, "lag"), self.lag),
                 Endpoint(subject(self.name, "page"), self.page, max_workers=4),
                 Endpoint(subject(self.name, "ready"), self.ready)]
 
@@ -627,6 +642,19 @@ def retire(name: str) -> None:
     _primaries.pop(name, None)
 
 
+async def standby_lag(bus: Requester, name: str, *, timeout_s: float = 1.0,
+                      ) -> list[StandbyLag] | None:
+    """What the owner of `name` says of its standbys' lag; None: a store not copied, or no
+    owner answered in time."""
+    if not files_of(name):
+        return None
+    try:
+        lag = await bus.request(subject(name, "lag"), b"", Lag, timeout=timeout_s)
+    except MemgateError:
+        return None
+    return lag.standbys
+
+
 # --- the standby's side ------------------------------------------------------------------------
 
 class Standby:
@@ -722,7 +750,7 @@ class Standby:
         elif self._drain_task is None or self._drain_task.done():
             self._drain_task = asyncio.create_task(self._drain_quietly(),
                                                    name=f"{self.name}.apply")
-        return Applied(seq=seq)
+        return Applied(seq=seq, unapplied=len(self._pending))
 
     async def drained(self) -> None:
         """Every batch received so far applied to the files; out of step if one failed."""
@@ -731,9 +759,11 @@ class Standby:
                 units, self._pending = self._pending, []
                 try:
                     await self._thread(self._apply, units)
-                except BaseException:
+                except BaseException as exc:
                     self._epoch = 0  # the next batch is refused: it copies the store again
                     self._pending.clear()
+                    log.warning("%s: %d units could not be applied (%s)", self.name,
+                                len(units), _reason(exc))
                     raise
 
     async def _drain_quietly(self) -> None:
@@ -741,7 +771,7 @@ class Standby:
             await self.drained()
         except Exception as exc:
             log.warning("%s: a batch could not be applied (%s): out of step", self.name,
-                        type(exc).__name__)
+                        _reason(exc))
 
     def _apply(self, units: list[Unit]) -> None:
         """The units in order; the statements of consecutive units on one file in one
@@ -786,7 +816,7 @@ class Standby:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.info("%s: %s; trying again", self.name, type(exc).__name__)
+                log.info("%s: %s; trying again", self.name, _reason(exc))
                 await asyncio.sleep(1.0)
 
     async def _watch(self) -> bool:
@@ -918,6 +948,13 @@ class Standby:
         return True
 
 
+def _reason(exc: BaseException) -> str:
+    """For a log line: the class, and the message of memgate's own errors (a database's may
+    quote the values of a statement)."""
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, MemgateError) else \
+        type(exc).__name__
+
+
 def _write(path: Path, data: bytes, *, append: bool) -> None:
     """A standby's copy of a write to a plain file: appended, or replaced whole (renamed over
     it, so no old byte stays in any file)."""
@@ -955,4 +992,5 @@ class _Thread:
 
 __all__ = ["STANDBYS", "Drain", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
            "follows", "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
-           "recording", "rebuilt", "retire", "rewritten", "serve", "standbys_bucket", "wrote"]
+           "recording", "rebuilt", "retire", "rewritten", "serve", "standby_lag", "standbys_bucket",
+           "wrote"]

@@ -7,6 +7,21 @@ from pydantic import Field
 from memgate.contracts.base import Contract
 
 
+class StandbyLag(Contract):
+    """A standby of a store, as its owner sees it: in sync (it holds every batch the owner
+    acknowledged), the batches it does not hold yet (a joining standby: those committed since
+    its copy), and the units it holds but has not applied to its files yet."""
+
+    node: str
+    in_sync: bool
+    behind: int
+    unapplied: int
+
+
+class Lag(Contract):
+    standbys: list[StandbyLag]
+
+
 class StoreOwner(Contract):
     """One single-writer actor: the node that keeps its files, the one serving it (None:
     nobody now) and the epoch it serves under."""
@@ -17,6 +32,8 @@ class StoreOwner(Contract):
     epoch: int | None = None
     # the nodes whose copy has every write its owner acknowledged
     in_sync: list[str] = Field(default_factory=list)
+    # each standby's replication lag, as its owner answered (None: it did not, or one node)
+    standbys: list[StandbyLag] | None = None
 
 
 class ClusterStatus(Contract):
@@ -24,4 +41,4 @@ class ClusterStatus(Contract):
     stores: list[StoreOwner]
 
 
-__all__ = ["ClusterStatus", "StoreOwner"]
+__all__ = ["ClusterStatus", "Lag", "StandbyLag", "StoreOwner"]
