@@ -297,8 +297,14 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
 
         def standby(name: str) -> Standby:
             async def become() -> None:
-                await start_actors(settings, bus, stack, only=frozenset({name}), server=server,
-                                   logins=logins, governs=governs, on_lost=on_lost)
+                # all or nothing: a start that fails half way (JetStream electing leaders after
+                # a kill) stops what it started and gives its lease up, so the store is not
+                # left claimed with nothing serving it and no standby copying it
+                async with AsyncExitStack() as attempt:
+                    await start_actors(settings, bus, attempt, only=frozenset({name}),
+                                       server=server, logins=logins, governs=governs,
+                                       on_lost=on_lost)
+                    stack.push_async_exit(attempt.pop_all())
 
             kind = kind_of(name)
             return Standby(name, node=disk.node, bus=kinds.client(kind),

@@ -941,9 +941,9 @@ class Standby:
         log.warning("%s: its owner is gone; serving it on this node", self.store)
         try:
             await self._become()
-        except Exception as exc:  # its lease was taken meanwhile: a standby again
+        except Exception as exc:  # undone (`become` is all or nothing): the next look tries
+            # again, on the same copy, unless another node took the lease meanwhile
             log.warning("%s: could not serve it here (%s)", self.store, type(exc).__name__)
-            self._epoch = 0
             return False
         return True
 
