@@ -139,10 +139,22 @@ def _substitute(detector: Detector, text: str, counts: Counter[str]) -> str:
     return "".join(pieces)
 
 
+# A UUID (RFC 9562: its version and variant nibbles) is random, never a person's: the digit runs
+# in one (~6% of version-4 UUIDs) are not read as phone or other numbers. A langmem tool's key
+# was refused as personal data otherwise.
+_UUID = re.compile(r"(?<![0-9A-Za-z])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-"
+                   r"[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}(?![0-9A-Za-z])")
+
+
 def _mask_once(text: str, counts: Counter[str]) -> str:
-    for detector in DETECTORS:
-        text = _substitute(detector, text, counts)
-    return text
+    pieces = _UUID.split(text)
+    uuids = _UUID.findall(text)
+    masked = []
+    for piece in pieces:
+        for detector in DETECTORS:
+            piece = _substitute(detector, piece, counts)
+        masked.append(piece)
+    return "".join(m for pair in zip(masked, [*uuids, ""], strict=True) for m in pair)
 
 
 def mask(text: str) -> Masked:
