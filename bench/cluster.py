@@ -205,13 +205,28 @@ def running(nodes: list[Node]) -> Node:
     return next(n for n in nodes if n.process is not None and n.process.returncode is None)
 
 
+async def settled_owner(nodes: list[Node]) -> Node:
+    """The node serving `storage.p0` once it stays put: served from its home, copied in sync on
+    every other node, by the same node two looks apart (a node restarted by the round before
+    may still be pulling its share of the partitions back)."""
+    seen = None
+    while True:
+        with contextlib.suppress(httpx.TransportError, KeyError, ValueError):
+            node = running(nodes)
+            p0 = (await stores(node))["storage.p0"]
+            serving = p0["servedBy"]
+            if serving is not None and serving == seen == p0["home"] and await in_sync(node):
+                return next(n for n in nodes if n.name == serving)
+            seen = serving
+        await asyncio.sleep(2.0)
+
+
 async def failover(nodes: list[Node], token: str) -> dict[str, float]:
     """kill -9 of the whole node serving `storage.p0`: seconds to the first remember
     acknowledged through another node (its standby took the partition over), to the first
     recall that is not degraded; then the node restarted on its data directory, and seconds
     until it keeps an in-sync copy again."""
-    serving = (await stores(running(nodes)))["storage.p0"]["servedBy"]
-    victim = next(node for node in nodes if node.name == serving)
+    victim = await settled_owner(nodes)
     survivor = next(node for node in nodes if node is not victim)
     other = Rest(survivor.http, token)
     acked: set[str] = set()
