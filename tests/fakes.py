@@ -94,6 +94,7 @@ class FakeConsumer:
     durable: str
     handler: BatchHandler
     running: bool = False
+    pending: int = 0  # as `DurableConsumer.pending`: events waiting in the stream
 
     async def start(self) -> None:
         self.running = True

@@ -247,7 +247,8 @@ class EmbedderActor(ActorBase):
         ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
         missing = catalog.unembedded()
         if len(missing) > URGENT_MAX:
-            self._embed_backlog(owner)
+            if not getattr(self._events, "pending", 0):  # else their events are coming
+                self._embed_backlog(owner)
             raise UnavailableError("memories are still being embedded")
         await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
         if catalog.unembedded():
@@ -256,7 +257,10 @@ class EmbedderActor(ActorBase):
     def _embed_backlog(self, owner: Owner) -> None:
         """The owner's versions without vectors embedded in the background, `VECTOR_CHUNK` at
         a time, unless that runs already: a backlog no event brings (the vectors file lost,
-        or made again where a partition moved) is not left to the owner's next remember."""
+        or made again where a partition moved) is not left to the owner's next remember.
+        Started only while no event waits: at saturation the events bring the backlog, and
+        embedding it here too took 40% more CPU per remember (docs/DECISIONS.md, "The vectors
+        travel with the replica")."""
         if owner in self._backlogs:
             return
 
