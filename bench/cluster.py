@@ -38,7 +38,8 @@ from pathlib import Path
 import httpx
 
 from bench.harness import (
-    ADMIN, Running, agent_token, free_port, memgate_up, percentile, until_healthy,
+    ADMIN, Running, agent_token, free_port, memgate_up, percentile, process_tree,
+    until_healthy,
 )
 from bench.latency import note
 
@@ -63,9 +64,13 @@ class Node:
                 *self.command, env=self.env, stdout=log, stderr=log, start_new_session=True)
 
     def kill_tree(self) -> None:
-        """kill -9 of the node's whole process group (its nats-server and actors included)."""
+        """kill -9 of the node's whole process tree, its nats-server and actors included (each
+        runs in a session of its own: killed with the supervisor's group only, they were sent
+        SIGTERM by the kernel and drained, still answering meanwhile)."""
         assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in process_tree(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @asynccontextmanager
@@ -226,13 +231,10 @@ async def failover(nodes: list[Node], token: str) -> dict[str, float]:
     acknowledged through another node (its standby took the partition over), to the first
     recall that is not degraded; then the node restarted on its data directory, and seconds
     until it keeps an in-sync copy again."""
-    victim = await settled_owner(nodes)
-    survivor = next(node for node in nodes if node is not victim)
-    other = Rest(survivor.http, token)
     acked: set[str] = set()
     stop = asyncio.Event()
 
-    async def load() -> None:  # an agent remembering through the survivor all along
+    async def load(other: Rest) -> None:  # an agent remembering through a survivor all along
         while not stop.is_set():
             with contextlib.suppress(httpx.TransportError):
                 answer = await other.remember(note_of(7, len(acked)))
@@ -240,8 +242,18 @@ async def failover(nodes: list[Node], token: str) -> dict[str, float]:
                     acked.add(answer.json()["memoryId"])
             await asyncio.sleep(0.02)
 
-    loading = asyncio.create_task(load())
-    await asyncio.sleep(1.0)
+    while True:
+        victim = await settled_owner(nodes)
+        survivor = next(node for node in nodes if node is not victim)
+        other = Rest(survivor.http, token)
+        loading = asyncio.create_task(load(other))
+        await asyncio.sleep(1.0)
+        p0 = (await stores(survivor))["storage.p0"]
+        if p0["servedBy"] == p0["home"] == victim.name:
+            break
+        stop.set()  # it moved meanwhile (a node pulling its share): choose again
+        await loading
+        stop.clear()
     killed = time.monotonic()
     victim.kill_tree()
     assert victim.process is not None

@@ -32,6 +32,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def process_tree(root: int) -> dict[int, list[str]]:
+    """`root` and every live descendant (in sessions of their own too), each with the fields
+    of its `/proc/<pid>/stat` after the command name."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        stats[int(entry.name)] = stat[stat.rfind(")") + 2:].split()
+    tree, grown = {root}, True
+    while grown:
+        children = {pid for pid, fields in stats.items() if int(fields[1]) in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return {pid: stats[pid] for pid in tree if pid in stats}
+
+
 @dataclass
 class Running:
     nats_url: str

@@ -54,14 +54,13 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import aiohttp
 import httpx
 import nats.errors
 
-from bench.harness import ADMIN, Running, events_idle, memgate_up, percentile
+from bench.harness import ADMIN, Running, events_idle, memgate_up, percentile, process_tree
 from bench.latency import WORDS, note
 from bench.load_report import Kind, Result, Scenario, Transport, median_of, table, targets
 from memgate import MemgateClient, MemgateError, RecallResult
@@ -236,25 +235,8 @@ async def preload(agents: Sequence[Agent], per_agent: int, in_flight: int) -> fl
 
 def tree_cpu_s(root: int) -> float:
     """CPU seconds of `root` and every live descendant, with their reaped children."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    tree, grown = {root}, True
-    while grown:
-        children = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= children
-        grown = bool(children)
-    return sum(ticks.get(pid, 0) for pid in tree) / CLOCK_TICKS
+    return sum(sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+               for fields in process_tree(root).values()) / CLOCK_TICKS
 
 
 class EmbedProbe:
