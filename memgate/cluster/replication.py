@@ -68,8 +68,8 @@ WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said
 PENDING_AT_MOST = 2_000  # units a standby holds unapplied before it applies them as they come
 # How long a standby holds what it answered for before applying it, with all that arrives
 # meanwhile: applied at once, each batch's DuckDB work took the GIL and a core from the next
-# answer (a 3-node remember p50 8.0 → 5.7 ms; docs/DECISIONS.md, "A standby answers once it
-# holds a batch")
+# answer (a 3-node remember p50 8.0 → 5.7 ms; docs/DECISIONS.md, "A standby applies what it
+# holds 0.1 s later")
 APPLY_AFTER_S = 0.1
 # The statements that change nothing in the file: not shipped.
 _READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
