@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     cluster: str | None = None
     routes: list[str] = Field(default_factory=list)
     replicas: int | None = Field(default=None, ge=1, le=5)
+    # set by `memgate up` for each process it starts: how many times it started that one again
+    restarts: int = Field(default=0, ge=0)
     # the single-writer actors whose home is another node (`memgate up` finds them at start):
     # not run here
     elsewhere: list[str] = Field(default_factory=list)

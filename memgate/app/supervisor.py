@@ -99,7 +99,8 @@ class Supervisor:
             keep.append(self._http.fileno())
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "memgate.app.process", *args, env=self._env,
+                sys.executable, "-m", "memgate.app.process", *args,
+                env={**self._env, "MEMGATE_RESTARTS": str(child.restarts)},
                 pass_fds=keep, stdin=asyncio.subprocess.PIPE,
                 # its own session: a terminal's Ctrl-C reaches the supervisor only, which then
                 # stops the children in order; killed outright, it takes them with it (SIGTERM:

@@ -368,7 +368,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         balancer = Balancer(node=Disk.of(settings.data_dir, settings.node).node,
                             names=partitions, bus=kinds.client("storage"),
                             js=partial(kinds.jetstream, "storage"),
-                            replicas=settings.stream_replicas())
+                            replicas=settings.stream_replicas(),
+                            started=not settings.restarts)
         await balancer.start()
         stack.push_async_callback(balancer.stop)
     for actor in actors:

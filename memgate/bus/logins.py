@@ -36,10 +36,11 @@ JETSTREAM_DENIED: Final = tuple(f"$JS.API.{api}" for api in (
 
 
 # What a single-writer kind needs to claim its actors (`cluster.ownership`) and keep standbys of
-# them (`cluster.replication`): the leases, homes and standbys buckets, and nothing else of
-# JetStream unless its role says so.
+# them (`cluster.replication`): the leases, homes, standbys and drained nodes' buckets, and
+# nothing else of JetStream unless its role says so.
 OWNERSHIP: Final = tuple(grant for bucket in ("MEMGATE_LEASES", "MEMGATE_HOMES",
-                                              "MEMGATE_STANDBYS") for grant in (
+                                              "MEMGATE_STANDBYS", "MEMGATE_DRAINED")
+                   for grant in (
     f"$KV.{bucket}.>", f"$JS.API.STREAM.INFO.KV_{bucket}", f"$JS.API.STREAM.CREATE.KV_{bucket}",
     f"$JS.API.STREAM.UPDATE.KV_{bucket}", f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
     f"$JS.API.DIRECT.GET.KV_{bucket}.>"))

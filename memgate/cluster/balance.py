@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.replication import Drain, Drained, in_sync, standbys_bucket, subject
@@ -28,6 +30,9 @@ from memgate.ports.bus import Requester
 log = logging.getLogger("memgate.cluster")
 
 BALANCE_EVERY_S = 5.0  # how often a node compares its share with the others'
+# The nodes an operator drained (`memgate cluster drain`): a drained node takes no partition
+# back, though its processes restart as standbys, until `memgate up` starts it again.
+DRAINED = "MEMGATE_DRAINED"
 SETTLE_S = 15.0  # after asking for a partition, before it looks again
 
 
@@ -49,13 +54,31 @@ def pick(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -> s
     return candidates[pullers.index(node) % len(candidates)]
 
 
+async def drained_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(DRAINED)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=DRAINED, history=1, replicas=replicas)
+
+
+async def drained(kv: KeyValue, node: str) -> bool:
+    try:
+        return (await kv.get(node)).value is not None
+    except KeyNotFoundError:
+        return False
+
+
 class Balancer:
     """This node's pull of its share of the partitions `names` (`storage.pN`)."""
 
     name = "balancer"
 
     def __init__(self, *, node: str, names: list[str], bus: Requester,
-                 js: Callable[[], JetStreamContext], replicas: int = 1) -> None:
+                 js: Callable[[], JetStreamContext], replicas: int = 1,
+                 started: bool = True) -> None:
+        """`started`: this process is the first of its node's `memgate up` (not one restarted
+        after a step-down), so a drain of the node is over."""
+        self._started = started
         self._node = node
         self._names = names
         self._bus = bus
@@ -64,6 +87,10 @@ class Balancer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self._started:
+            with contextlib.suppress(KeyNotFoundError):
+                kv = await drained_bucket(self._js(), replicas=self._replicas)
+                await kv.delete(self._node)
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
@@ -85,6 +112,8 @@ class Balancer:
     async def once(self) -> str | None:
         """Ask for one partition if this node serves too few; the one asked for."""
         js = self._js()
+        if await drained(await drained_bucket(js, replicas=self._replicas), self._node):
+            return None  # the operator drained it: it stays empty until started again
         leases = await lease_bucket(js, replicas=self._replicas)
         standbys = await standbys_bucket(js, replicas=self._replicas)
         held: dict[str, str] = {}
@@ -107,4 +136,4 @@ class Balancer:
         return wanted
 
 
-__all__ = ["Balancer", "pick"]
+__all__ = ["DRAINED", "Balancer", "drained", "drained_bucket", "pick"]

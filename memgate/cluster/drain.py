@@ -21,6 +21,7 @@ from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus import BusClient, subjects
 from memgate.bus.logins import inbox_prefix, kind_of
+from memgate.cluster.balance import drained_bucket
 from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.ownership import Owned, cluster_status
 from memgate.cluster.replication import Drain, Drained, follows, movable, standby_lag
@@ -77,6 +78,8 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
         served = [o.name for o in await cluster_status(js) if o.owner and o.owner.node == node]
         served.sort(key=lambda name: follows(name) is not None)  # derived: after their partitions
         say(f"memgate: {node} serves {len(served)} stores")
+        # from now on it pulls none back (its processes restart as standbys), until started again
+        await (await drained_bucket(js, replicas=settings.stream_replicas())).put(node, b"1")
         leases = await lease_bucket(js)
 
         async def ask(name: str, *, step_down: bool) -> Drained | None:
