@@ -87,10 +87,6 @@ class Balancer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self._started:
-            with contextlib.suppress(KeyNotFoundError):
-                kv = await drained_bucket(self._js(), replicas=self._replicas)
-                await kv.delete(self._node)
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
@@ -99,6 +95,14 @@ class Balancer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
+        while self._started:  # a drain of this node is over: its record goes (NATS may still
+            try:  # be electing leaders at a cluster's start: tried again until it answers)
+                await (await drained_bucket(self._js(), replicas=self._replicas)).delete(
+                    self._node)
+                self._started = False
+            except Exception as exc:
+                log.info("balancing: %s; trying again", type(exc).__name__)
+                await asyncio.sleep(1.0)
         while True:
             await asyncio.sleep(BALANCE_EVERY_S)
             try:
