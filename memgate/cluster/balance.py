@@ -19,11 +19,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from memgate.cluster.lease import holder, lease_bucket
-from memgate.cluster.replication import Drain, Drained, in_sync, standbys_bucket, subject
+from memgate.cluster.replication import (
+    Drain, Drained, in_sync, kv_bucket, standbys_bucket, subject,
+)
 from memgate.contracts.errors import MemgateError
 from memgate.ports.bus import Requester
 
@@ -55,10 +57,7 @@ def pick(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -> s
 
 
 async def drained_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
-    try:
-        return await js.key_value(DRAINED)
-    except BucketNotFoundError:
-        return await js.create_key_value(bucket=DRAINED, history=1, replicas=replicas)
+    return await kv_bucket(js, DRAINED, replicas=replicas)
 
 
 async def drained(kv: KeyValue, node: str) -> bool:

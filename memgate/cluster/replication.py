@@ -335,11 +335,16 @@ class InSync(Contract):
     nodes: list[str]
 
 
-async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+async def kv_bucket(js: JetStreamContext, name: str, *, replicas: int = 1) -> KeyValue:
+    """The KV bucket `name` (history 1, no TTL), created on first use."""
     try:
-        return await js.key_value(STANDBYS)
+        return await js.key_value(name)
     except BucketNotFoundError:
-        return await js.create_key_value(bucket=STANDBYS, history=1, replicas=replicas)
+        return await js.create_key_value(bucket=name, history=1, replicas=replicas)
+
+
+async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    return await kv_bucket(js, STANDBYS, replicas=replicas)
 
 
 async def in_sync(kv: KeyValue, name: str) -> InSync | None:
