@@ -15,9 +15,11 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 import nats.errors
 from nats.js.errors import (
-    BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError,
+    BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError,
+    ServiceUnavailableError,
 )
 
 from memgate.bus import subjects
@@ -90,6 +92,16 @@ async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> No
         info.config.num_replicas = replicas
         await js.update_stream(info.config)
         log.info("stream %s raised to %d replicas", stream, replicas)
+
+
+async def kv_bucket(js: JetStreamContext, name: str, *, replicas: int = 1,
+                    ttl_s: float | None = None) -> KeyValue:
+    """The KV bucket `name` (history 1; each entry expiring `ttl_s` after its last write, if
+    given), created on first use. An existing one is taken as it is (`raise_replicas`)."""
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=name, history=1, ttl=ttl_s, replicas=replicas)
 
 
 class EventPublisher:

@@ -22,9 +22,10 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from memgate.bus.streams import kv_bucket
 from memgate.cluster.lease import holder, lease_bucket
 from memgate.cluster.replication import (
-    Drain, Drained, in_sync, kv_bucket, standbys_bucket, subject,
+    Drain, Drained, in_sync, standbys_bucket, subject,
 )
 from memgate.contracts.errors import MemgateError
 from memgate.ports.bus import Requester

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BadRequestError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError,
+    BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
+from memgate.bus.streams import kv_bucket
 from memgate.contracts.errors import UnavailableError
 
 log = logging.getLogger("memgate.cluster")
@@ -68,11 +69,7 @@ class LeaseLostError(UnavailableError):
 async def lease_bucket(js: JetStreamContext, *, replicas: int = 1,
                        ttl_s: float = TTL_S) -> KeyValue:
     """The leases bucket, created on first use (idempotent; `replicas` 3 in a cluster)."""
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        return await js.create_key_value(bucket=BUCKET, history=1, ttl=ttl_s,
-                                         replicas=replicas)
+    return await kv_bucket(js, BUCKET, replicas=replicas, ttl_s=ttl_s)
 
 
 async def holder(kv: KeyValue, partition: str) -> Lease | None:

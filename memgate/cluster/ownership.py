@@ -35,13 +35,13 @@ from pathlib import Path
 import nats.errors
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError,
+    KeyNotFoundError, KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
 from memgate.bus.lifetime import alive
 from memgate.bus.logins import SINGLE_WRITERS, owned, single_writers
-from memgate.bus.streams import raise_replicas, until_jetstream_answers
+from memgate.bus.streams import kv_bucket, raise_replicas, until_jetstream_answers
 from memgate.cluster import fence
 from memgate.cluster.lease import (
     BUCKET, MARGIN_S, RENEW_EVERY_S, TTL_S, Lease, PartitionLease, holder, lease_bucket,
@@ -115,12 +115,7 @@ class Disk:
 
 
 async def homes_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
-    try:
-        kv = await js.key_value(HOMES)
-    except BucketNotFoundError:
-        return await js.create_key_value(bucket=HOMES, history=1, replicas=replicas)
-    await raise_replicas(js, f"KV_{HOMES}", replicas)
-    return kv
+    return await kv_bucket(js, HOMES, replicas=replicas)
 
 
 async def make_home(kv: KeyValue, name: str, disk: Disk) -> dict[str, str]:
@@ -208,8 +203,10 @@ class Ownership:
     async def _claim(self, name: str) -> None:
         if self._buckets is None:
             leases = await lease_bucket(self._js, replicas=self._replicas, ttl_s=self._ttl_s)
-            await raise_replicas(self._js, f"KV_{BUCKET}", self._replicas)
-            self._buckets = leases, await homes_bucket(self._js, replicas=self._replicas)
+            homes = await homes_bucket(self._js, replicas=self._replicas)
+            for bucket in (BUCKET, HOMES):  # made by a cluster of fewer nodes
+                await raise_replicas(self._js, f"KV_{bucket}", self._replicas)
+            self._buckets = leases, homes
         leases, homes = self._buckets
         await self._home(homes, name)
         lease = PartitionLease(leases, name, self._disk.node, ttl_s=self._ttl_s,

@@ -43,10 +43,11 @@ from typing import Any, TypeVar
 
 import duckdb
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from memgate.bus import subjects
+from memgate.bus.streams import kv_bucket
 from memgate.bus.replies import Endpoint
 from memgate.cluster.lease import PartitionLease, given_up, holder, lease_bucket
 from memgate.contracts.base import Contract
@@ -333,14 +334,6 @@ class InSync(Contract):
 
     epoch: int
     nodes: list[str]
-
-
-async def kv_bucket(js: JetStreamContext, name: str, *, replicas: int = 1) -> KeyValue:
-    """The KV bucket `name` (history 1, no TTL), created on first use."""
-    try:
-        return await js.key_value(name)
-    except BucketNotFoundError:
-        return await js.create_key_value(bucket=name, history=1, replicas=replicas)
 
 
 async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
