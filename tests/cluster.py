@@ -142,15 +142,21 @@ class Agent:
 ELECTION_S = 30.0  # JetStream electing the leaders a killed node led (4-9 s each), and more
 
 
-async def answered(call: Callable[[], Awaitable[httpx.Response]]) -> dict[str, Any]:
+async def answered(call: Callable[[], Awaitable[httpx.Response]], *,
+                   done_before: int | None = None) -> dict[str, Any]:
     """The JSON of a 200 answer to `call`, asked again while the cluster answers 503 or 504 (a
     store moving to another node, its buckets' leaders being elected), for up to
-    `ELECTION_S`."""
+    `ELECTION_S`. `done_before`: the status a call asked again gets when a try answered 503 or
+    504 was done all the same (a forget's 404); then `{}`."""
     started = time.monotonic()
+    asked_again = False
     while True:
         answer = await call()
+        if asked_again and answer.status_code == done_before:
+            return {}
         if answer.status_code not in (503, 504) or time.monotonic() - started > ELECTION_S:
             break
+        asked_again = True
         await asyncio.sleep(0.5)
     assert answer.status_code == 200, answer.text
     return dict(answer.json())
