@@ -1,20 +1,16 @@
-"""The cluster actor: answers the operator's `GET /api/admin/cluster` from the leases, homes and
-standbys buckets (`cluster.ownership`, `cluster.replication`). Stateless, in the `front`;
-reads, never writes, the buckets."""
+"""The cluster actor: answers the operator's `GET /api/admin/cluster` (`cluster.view`).
+Stateless, in the `front`; reads, never writes, the buckets."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError
 
 from memgate.bus.subjects import Admin
-from memgate.cluster.lease import BUCKET, holder
-from memgate.cluster.ownership import HOMES, home_of
-from memgate.cluster.replication import STANDBYS, in_sync, standby_lag
-from memgate.contracts.cluster import ClusterStatus, StandbyLag, StoreOwner
+from memgate.cluster.replication import standby_lag
+from memgate.cluster.view import cluster_view
+from memgate.contracts.cluster import ClusterStatus, StandbyLag
 from memgate.ports.bus import Requester
 from memgate.contracts.reply import Envelope
 from memgate.runtime.actor import ActorBase, Endpoint, Operator
@@ -41,30 +37,7 @@ class ClusterActor(ActorBase):
                          queue=self.name)]
 
     async def status(self, envelope: Envelope) -> ClusterStatus:
-        js = self._js()
-        try:
-            homes, leases = await js.key_value(HOMES), await js.key_value(BUCKET)
-        except BucketNotFoundError:  # nothing has claimed a store yet
-            return ClusterStatus(nodes=[], stores=[StoreOwner(name=n) for n in self._names])
-        try:
-            standbys = await js.key_value(STANDBYS)
-        except BucketNotFoundError:  # nothing is replicated: one node
-            standbys = None
-        # each owner's view of its standbys' lag, asked together
-        lags = await asyncio.gather(*(self._lag(name) for name in self._names)) \
-            if standbys is not None else [None] * len(self._names)
-        stores = []
-        for name, lag in zip(self._names, lags, strict=True):
-            home, lease = await home_of(homes, name), await holder(leases, name)
-            synced = None if standbys is None else await in_sync(standbys, name)
-            stores.append(StoreOwner(
-                name=name, home=None if home is None else home.get("node"),
-                served_by=None if lease is None else lease.node,
-                epoch=None if lease is None else lease.epoch,
-                in_sync=synced.nodes if synced and lease and synced.epoch == lease.epoch else [],
-                standbys=lag))
-        nodes = sorted({n for s in stores for n in (s.home, s.served_by) if n is not None})
-        return ClusterStatus(nodes=nodes, stores=stores)
+        return await cluster_view(self._js(), self._names, self._lag)
 
     async def _lag(self, name: str) -> list[StandbyLag] | None:
         return await standby_lag(self._bus, name, timeout_s=LAG_TIMEOUT_S)

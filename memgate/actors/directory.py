@@ -42,6 +42,7 @@ from memgate.contracts.internal import Owner, OwnerCheck, PrincipalRequest, Stor
 from memgate.contracts.internal import Retentions
 from memgate.storage.directory import DirectoryStore, MemberRow, WorkspaceRow, hash_token
 from memgate.policy.authorisation import refuse_personal_data
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.directory")
 
@@ -96,8 +97,7 @@ class DirectoryActor(ActorBase):
         self.store = await self._serial(DirectoryStore, self._path)
 
     async def stop(self) -> None:
-        for task in self._sweeps:
-            task.cancel()
+        await cancelled(*self._sweeps)
         if (store := DirectoryActor.store.take(self)) is not None:
             await self._serial(store.close)
         self._serial.shutdown()

@@ -45,6 +45,7 @@ from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.runtime.compaction import Compactions
 from memgate.storage.catalog import Catalog
 from memgate.storage.vectors import VectorStore
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.embedder")
 
@@ -105,9 +106,7 @@ class EmbedderActor(ActorBase):
 
     async def stop(self) -> None:
         await self._events.stop()
-        for task in self._backlogs.values():
-            task.cancel()
-        await asyncio.gather(*self._backlogs.values(), return_exceptions=True)
+        await cancelled(*self._backlogs.values())
         if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
         if (vectors := EmbedderActor.vectors.take(self)) is not None:

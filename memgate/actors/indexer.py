@@ -51,6 +51,7 @@ from memgate.runtime.catalogs import Catalogs
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.storage.catalog import Catalog
 from memgate.storage.text_index import COMMIT_EVERY_S, OwnerIndex, TextIndexes
+from memgate.tasks import cancelled
 
 R = TypeVar("R")
 
@@ -93,9 +94,7 @@ class IndexerActor(ActorBase):
 
     async def stop(self) -> None:
         await self._events.stop()
-        if self._committer is not None:
-            self._committer.cancel()
-            await asyncio.gather(self._committer, return_exceptions=True)
+        await cancelled(self._committer)
         for thread in self._threads:
             thread.shutdown()
         if (indexes := IndexerActor.indexes.take(self)) is not None:

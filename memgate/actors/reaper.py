@@ -19,7 +19,6 @@ retentionDays). The clock is injected (`now`): tests move time, they never wait.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from memgate.ports.bus import Requester
 from memgate.ports.directory import BusDirectory
 from memgate.ports.storage import PartitionStorage
 from memgate.runtime.actor import ActorBase, Endpoint, partition_of
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.reaper")
 
@@ -63,10 +63,7 @@ class ReaperActor(ActorBase):
         self._task = asyncio.create_task(self._schedule(), name=self.name)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancelled(self._task)
 
     def endpoints(self) -> list[Endpoint]:
         return [Endpoint(subjects.REAPER_SWEEP, self.on_sweep)]

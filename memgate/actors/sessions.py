@@ -58,6 +58,7 @@ from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.quotas import EVENTS, SESSIONS, Quota
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.sessions")
 
@@ -166,9 +167,7 @@ class SessionsActor(ActorBase):
             self._ticker = asyncio.create_task(self._tick(self._interval_s))
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        await cancelled(self._ticker)
         async with self._running:  # a run in progress finishes first
             if (store := SessionsActor.store.take(self)) is not None:
                 await self._serial(store.close)

@@ -228,20 +228,17 @@ def cluster_status(
     from rich.console import Console
     from rich.table import Table
 
-    from memgate.cluster.drain import lags
+    from memgate.app.cluster import status
 
-    owned, lag = asyncio.run(lags(settings))
     table = Table("store", "home", "served by", "epoch", "process", "standbys")
-    for store in owned:
-        lease = store.owner
+    for store in asyncio.run(status(settings)).stores:
         standbys = ", ".join(
             f"{s.node} {'in sync' if s.in_sync else 'copying'}"
             f"{f' {s.behind} behind' if s.behind else ''}"
             f"{f' {s.unapplied} unapplied' if s.unapplied else ''}"
-            for s in lag.get(store.name) or [])
-        table.add_row(store.name, store.home, lease.node if lease else "nobody",
-                      str(lease.epoch) if lease else "-",
-                      f"{lease.about.get('host')}:{lease.about.get('pid')}" if lease else "-",
+            for s in store.standbys or [])
+        table.add_row(store.name, store.home or "-", store.served_by or "nobody",
+                      "-" if store.epoch is None else str(store.epoch), store.process or "-",
                       standbys or "-")
     Console().print(table)
 
@@ -258,7 +255,7 @@ def cluster_drain(
     if not (settings.data_dir / "nats" / "internal.secret").exists():
         raise typer.BadParameter(f"no memgate has run on {settings.data_dir}",
                                  param_hint="--data-dir")
-    from memgate.cluster.drain import drain
+    from memgate.app.cluster import drain
 
     left = asyncio.run(drain(settings, node, timeout_s=timeout, say=typer.echo))
     if left:

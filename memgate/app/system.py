@@ -50,6 +50,7 @@ from memgate.ports.llm import HttpChat
 from memgate.runtime.actor import Actor, answered, routed
 from memgate.storage import Limits
 from memgate.storage.quotas import Quota
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate")
 
@@ -361,7 +362,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                 stack.callback(replication.retire, name)
                 routers.append((kind_of(name), routed(primary.endpoints())))
                 following = asyncio.create_task(primary.follow(), name=f"follow-{name}")
-                stack.push_async_callback(_cancelled, following)
+                stack.push_async_callback(cancelled, following)
     if settings.routes and balance and (partitions := [
             name for name in single_writers(settings.partition_names())
             if name.startswith("storage.") and (name in claimed or name in elsewhere)]):
@@ -392,11 +393,6 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         await authority.sync()
     log.info("actors started on %s", bus.url)
     return authority
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,

@@ -27,6 +27,7 @@ from memgate.bus.replies import traceback_summary
 from memgate.contracts.events import DeadLetter, UnreadableEventError
 from memgate.contracts.errors import UnavailableError
 from memgate.observe import metrics
+from memgate.tasks import cancelled
 
 if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
     from memgate.ports.bus import Publisher
@@ -154,9 +155,7 @@ class OutboxRelay:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancelled(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -29,6 +29,7 @@ from memgate.cluster.replication import (
 )
 from memgate.contracts.errors import MemgateError
 from memgate.ports.bus import Requester
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.cluster")
 
@@ -90,9 +91,7 @@ class Balancer:
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancelled(self._task)
 
     async def _run(self) -> None:
         while self._started:  # a drain of this node is over: its record goes (NATS may still

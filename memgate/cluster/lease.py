@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 
 from memgate.bus.streams import kv_bucket
 from memgate.contracts.errors import UnavailableError
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.cluster")
 
@@ -199,9 +200,7 @@ class PartitionLease:
         (a drain: a standby takes the partition over as soon as the lease is gone)."""
         lease, valid = self.lease, self.valid()
         self._lost = True  # `check()` refuses every commit from here on
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
+        await cancelled(self._keeper)
         if lease is not None and valid:
             with contextlib.suppress(KeyWrongLastSequenceError, BadRequestError):
                 await self._kv.delete(self.partition, last=lease.revision)
@@ -212,9 +211,7 @@ class PartitionLease:
 
     async def release(self) -> None:
         """Stop renewing and give the partition up at once (a graceful stop)."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
+        await cancelled(self._keeper)
         if self.lease is not None and self.valid():
             try:
                 await self._kv.delete(self.partition, last=self.lease.revision)

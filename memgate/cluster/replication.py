@@ -54,6 +54,7 @@ from memgate.contracts.base import Contract
 from memgate.contracts.cluster import Lag, StandbyLag
 from memgate.contracts.errors import ConflictError, MemgateError, UnavailableError
 from memgate.ports.bus import Requester
+from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.cluster")
 R = TypeVar("R")
@@ -697,10 +698,7 @@ class Standby:
         self._task = asyncio.create_task(self._follow(), name=self.name)
 
     async def stop(self) -> None:
-        for task in (self._task, self._drain_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancelled(self._task, self._drain_task)
         self._pending.clear()  # the copy is deleted when this process starts again
         await self._thread(self._close)
         self._thread.shutdown()

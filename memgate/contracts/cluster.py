@@ -30,6 +30,7 @@ class StoreOwner(Contract):
     home: str | None = None
     served_by: str | None = None
     epoch: int | None = None
+    process: str | None = None  # the serving process, `host:pid`
     # the nodes whose copy has every write its owner acknowledged
     in_sync: list[str] = Field(default_factory=list)
     # each standby's replication lag, as its owner answered (None: it did not, or one node)

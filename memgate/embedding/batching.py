@@ -9,6 +9,7 @@ import numpy as np
 
 from memgate.ports.embedder import Embedder
 from memgate.runtime.actor import Serial
+from memgate.tasks import cancelled
 
 
 class Batcher:
@@ -25,9 +26,7 @@ class Batcher:
         self._task = asyncio.create_task(self._loop(), name="embedder.batcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancelled(self._task)
 
     async def embed(self, text: str) -> np.ndarray:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()

@@ -1,7 +1,7 @@
 """The operator's cluster commands. `memgate cluster status`: each store's owner and its
-standbys' lag. `memgate cluster drain NODE`: every store NODE serves handed over to an in-sync
-standby on another node (`cluster.replication.Primary.drain`) before NODE is stopped: every
-home moves first, then each owner gives its lease up.
+standbys' lag (`cluster.view`). `memgate cluster drain NODE`: every store NODE serves handed
+over to an in-sync standby on another node (`cluster.replication.Primary.drain`) before NODE is
+stopped: every home moves first, then each owner gives its lease up.
 
 Each store is asked on its own kind's login (only a kind's processes talk to its owner), and
 the drain waits until another node holds the store's lease. The stores that do not move (the
@@ -23,9 +23,10 @@ from memgate.bus import BusClient, subjects
 from memgate.bus.logins import inbox_prefix, kind_of
 from memgate.cluster.balance import drained_bucket
 from memgate.cluster.lease import holder, lease_bucket
-from memgate.cluster.ownership import Owned, cluster_status
+from memgate.cluster.ownership import cluster_status
 from memgate.cluster.replication import Drain, Drained, follows, movable, standby_lag
-from memgate.contracts.cluster import StandbyLag
+from memgate.cluster.view import cluster_view
+from memgate.contracts.cluster import ClusterStatus, StandbyLag
 from memgate.contracts.errors import MemgateError
 
 WAIT_EVERY_S = 0.2
@@ -52,18 +53,14 @@ class _Logins:
             await nc.close()
 
 
-async def lags(settings: Settings) -> tuple[list[Owned], dict[str, list[StandbyLag] | None]]:
+async def status(settings: Settings) -> ClusterStatus:
     """Every store that has a home, and what its owner says of its standbys' lag."""
     connection = _Logins(settings)
     try:
-        owned = await cluster_status((await connection("storage")).jetstream(timeout=10))
-
         async def lag(name: str) -> list[StandbyLag] | None:
             return await standby_lag(BusClient(await connection(kind_of(name))), name)
 
-        return owned, dict(zip([o.name for o in owned],
-                               await asyncio.gather(*(lag(o.name) for o in owned)),
-                               strict=True))
+        return await cluster_view((await connection("storage")).jetstream(timeout=10), None, lag)
     finally:
         await connection.close()
 
@@ -120,4 +117,4 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
     return left
 
 
-__all__ = ["drain", "lags"]
+__all__ = ["drain", "status"]
