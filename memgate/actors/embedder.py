@@ -246,7 +246,9 @@ class EmbedderActor(ActorBase):
         ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
         missing = catalog.unembedded()
         if len(missing) > URGENT_MAX:
-            if not getattr(self._events, "pending", 0):  # else their events are coming
+            # more than the waiting events (and the few the relay has not published yet) can
+            # bring: some will come by no event
+            if len(missing) > getattr(self._events, "pending", 0) + URGENT_MAX:
                 self._embed_backlog(owner)
             raise UnavailableError("memories are still being embedded")
         await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
@@ -257,9 +259,11 @@ class EmbedderActor(ActorBase):
         """The owner's versions without vectors embedded in the background, `VECTOR_CHUNK` at
         a time, unless that runs already: a backlog no event brings (the vectors file lost,
         or made again where a partition moved) is not left to the owner's next remember.
-        Started only while no event waits: at saturation the events bring the backlog, and
-        embedding it here too took 40% more CPU per remember (docs/DECISIONS.md, "The vectors
-        travel with the replica")."""
+        Started only when more versions lack vectors than events wait (and `URGENT_MAX` more,
+        for those the relay has not published yet): at saturation the events bring the
+        backlog, and embedding it here too took 40% more CPU per remember (docs/DECISIONS.md,
+        "The vectors travel with the replica"); and an owner whose vectors were lost is not
+        left degraded until the others' remembers stop."""
         if owner in self._backlogs:
             return
 

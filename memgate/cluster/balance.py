@@ -79,7 +79,7 @@ class Balancer:
                  started: bool = True) -> None:
         """`started`: this process is the first of its node's `memgate up` (not one restarted
         after a step-down), so a drain of the node is over."""
-        self._started = started
+        self._ends_drain = started
         self._node = node
         self._names = names
         self._bus = bus
@@ -94,14 +94,8 @@ class Balancer:
         await cancelled(self._task)
 
     async def _run(self) -> None:
-        while self._started:  # a drain of this node is over: its record goes (NATS may still
-            try:  # be electing leaders at a cluster's start: tried again until it answers)
-                await (await drained_bucket(self._js(), replicas=self._replicas)).delete(
-                    self._node)
-                self._started = False
-            except Exception as exc:
-                log.info("balancing: %s; trying again", type(exc).__name__)
-                await asyncio.sleep(1.0)
+        if self._ends_drain:
+            await self._end_drain()
         while True:
             await asyncio.sleep(BALANCE_EVERY_S)
             try:
@@ -111,6 +105,18 @@ class Balancer:
                 continue
             if taken is not None:
                 await asyncio.sleep(SETTLE_S)
+
+    async def _end_drain(self) -> None:
+        """A drain of this node is over: its record goes (NATS may still be electing leaders
+        at a cluster's start: tried again until it answers)."""
+        while True:
+            try:
+                await (await drained_bucket(self._js(), replicas=self._replicas)).delete(
+                    self._node)
+                return
+            except Exception as exc:
+                log.info("balancing: %s; trying again", type(exc).__name__)
+                await asyncio.sleep(1.0)
 
     async def once(self) -> str | None:
         """Ask for one partition if this node serves too few; the one asked for."""

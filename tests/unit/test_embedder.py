@@ -21,6 +21,7 @@ from memgate.contracts.errors import ErrorCode, MemgateError
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
 from memgate.runtime.actor import BACKGROUND_NICE
+from tests.conftest import eventually
 from tests.fakes import FakeBus, FakeEmbedder, Served, catalog_route, served, texts_route
 
 pytestmark = pytest.mark.unit
@@ -123,6 +124,24 @@ async def test_a_backlog_whose_events_are_coming_is_left_to_them_and_embedded_on
     await world.stored(*world.texts)
     embedded = [text for call in world.model.calls[1:] for text in call]
     assert sorted(embedded) == sorted(world.texts.values())
+
+
+async def test_a_backlog_more_than_the_waiting_events_can_bring_is_embedded_under_load(
+        world: World) -> None:
+    """An owner whose vectors were lost (no event will bring them) is not left degraded while
+    other owners' events keep the stream busy: fewer events wait than versions lack vectors."""
+    backlog = {f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)}
+    world.texts.update(backlog)
+    world.fake.consumers[DURABLE].pending = 2  # others' remembers, never idle under load
+    with pytest.raises(MemgateError):
+        await world.rank("budget", min_seq=len(world.texts))
+
+    async def embedded() -> bool:
+        return sorted(t for call in world.model.calls[1:] for t in call) == sorted(
+            world.texts.values())
+
+    await eventually(embedded, timeout=5)
+    assert await world.rank("budget", min_seq=len(world.texts))  # not degraded any more
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
