@@ -393,3 +393,34 @@ async def test_the_relay_keeps_the_outbox_while_jetstream_is_down_and_publishes_
         assert info.state.messages == 1
     await serial(store.close)
     serial.shutdown()
+
+
+async def test_an_event_under_a_number_another_owner_published_is_kept_the_same_one_dropped(
+        tmp_path: Path) -> None:
+    """A standby promoted after a kill numbers its versions on from what its copy holds, and
+    the killed owner may have published an event under the next number for a version its
+    standbys never held (committed, never acknowledged). The new owner's event under that
+    number is not dropped as its duplicate; the same event published again still is."""
+    subject = subjects.memory_events("p0")
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(EmbeddedNats(tmp_path / "nats", port=free_port()))
+        nc = await nats.connect(server.url)
+        stack.push_async_callback(nc.close)
+        for payload in (b'{"memoryId": "never-acknowledged"}', b'{"memoryId": "acknowledged"}',
+                        b'{"memoryId": "acknowledged"}'):  # old owner, new owner, new again
+            sent = asyncio.Event()
+
+            async def pending(payload: bytes = payload, sent: asyncio.Event = sent,
+                              ) -> list[tuple[int, str, bytes]]:
+                return [] if sent.is_set() else [(7, subject, payload)]
+
+            async def mark(seq: int, sent: asyncio.Event = sent) -> None:
+                sent.set()
+
+            relay = OutboxRelay(EventPublisher(nc), prefix="p0", pending=pending, sent=mark)
+            await relay.start()
+            await asyncio.wait_for(sent.wait(), 10)
+            await relay.stop()
+        js = nc.jetstream()
+        assert (await js.stream_info(EVENTS.name)).state.messages == 2
+        assert (await js.get_last_msg(EVENTS.name, subject)).data == b'{"memoryId": "acknowledged"}'

@@ -4,7 +4,7 @@ Admin commands arrive on `mem.admin.registry.*` (the workspace owner's token or 
 the directory says which). Governance and recall ask on `mem.int.registry.*`: citations are
 resolved when a memory is remembered, and re-verified in one batched request per recall or list.
 Changes are announced as events (`mem.evt.registry.*`, ids only), committed with the change in
-the registry's outbox and relayed to JetStream (`registry-<seq>` message ids, never repeating).
+the registry's outbox and relayed to JetStream (`registry-<seq>-<digest>` message ids).
 
 The store and its in-memory mirror are touched only on the actor's worker thread (`Serial`),
 reads included, as the directory actor does: handlers never read the mirror on the event loop.

@@ -3,8 +3,8 @@
 A remember is answered only after its transaction has committed. Events (ids only, never text)
 are committed with the change they announce (a deletion's in an outbox table; a stored
 version's is built from its row) and relayed to JetStream afterwards, so a crash between commit
-and publish loses nothing: the relay resends on start, and the message id (`<partition>-<seq>`,
-seq never repeating in the partition's life) makes resending harmless.
+and publish loses nothing: the relay resends on start, and the message id
+(`<partition>-<seq>-<digest>`, `bus.streams.message_id`) makes resending harmless.
 """
 
 from __future__ import annotations

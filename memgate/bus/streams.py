@@ -4,6 +4,7 @@ publishes with dedupe ids, and durable pull consumers with bounded retries."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -124,14 +125,23 @@ class EventPublisher:
 Pending = Sequence[tuple[int, str, bytes]]  # (seq, subject, payload), oldest first
 
 
+def message_id(prefix: str, seq: int, payload: bytes) -> str:
+    """`<prefix>-<seq>-<digest of the payload>`. The number alone never repeats in one file's
+    life, but a standby promoted after a kill numbers on from its copy, and the killed owner
+    may have published the next number's event for a version no standby held (committed,
+    never acknowledged): with the number alone, the new owner's event was dropped as its
+    duplicate, and its version reached no index until the owner's next event."""
+    return f"{prefix}-{seq}-{hashlib.blake2b(payload, digest_size=8).hexdigest()}"
+
+
 class OutboxRelay:
     """Publishes what an outbox holds and has it deleted once JetStream has acked it.
 
     The outbox is written in the same transaction as the change its events announce, so an
     event committed but not yet published (JetStream down, process killed) is published when
-    JetStream is back or at the next start. `<prefix>-<seq>` is its `Nats-Msg-Id`: seq never
-    repeats, so no new event is ever taken for a duplicate, and a re-publish of the same event
-    within the duplicate window is dropped.
+    JetStream is back or at the next start. Its `Nats-Msg-Id` (`message_id`) names its number
+    and its payload: a re-publish of the same event within the duplicate window is dropped, and
+    no other event is ever taken for its duplicate.
     """
 
     def __init__(self, publisher: Publisher, *, prefix: str,
@@ -164,7 +174,8 @@ class OutboxRelay:
             try:
                 while pending := await self._pending():
                     for seq, subject, payload in pending:
-                        await self._publisher.publish(subject, payload, f"{self._prefix}-{seq}")
+                        await self._publisher.publish(subject, payload, message_id(
+                            self._prefix, seq, payload))
                     await self._sent(pending[-1][0])
             except Exception as exc:  # JetStream unavailable: keep the outbox, retry shortly
                 log.warning("%s: event relay paused (%s)", self._prefix, type(exc).__name__)

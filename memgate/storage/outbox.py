@@ -2,7 +2,7 @@
 
 Each event gets a sequence number above a persisted high-water mark, so a number is never handed
 out twice in the file's life, even after the newest rows (and their events) are deleted: the
-number is the event's `Nats-Msg-Id`, and JetStream drops an id it has seen as a duplicate. A
+number is in the event's `Nats-Msg-Id`, and JetStream drops an id it has seen as a duplicate. A
 writer whose rows carry their numbers may persist the mark only when it deletes rows (`mark`):
 at open, the mark is raised to the highest number its rows and the outbox still show (`create`).
 """
