@@ -119,12 +119,10 @@ class Agent:
     async def listed(self, through: Node) -> dict[str, str]:
         found: dict[str, str] = {}
         cursor = None
-        while True:
-            answer = await through.http.post(
+        while True:  # (asked again while a store the list needs is still moving)
+            page = await answered(lambda: through.http.post(
                 "/api/agent/v1/memories/list", headers=self.headers,
-                json={"namespace": "n", "limit": 100, "cursor": cursor})
-            assert answer.status_code == 200, answer.text
-            page = answer.json()
+                json={"namespace": "n", "limit": 100, "cursor": cursor}))
             for memory in page["memories"]:
                 assert memory["memoryId"] not in found  # none twice
                 found[memory["memoryId"]] = memory["text"]
