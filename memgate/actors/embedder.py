@@ -87,6 +87,9 @@ class EmbedderActor(ActorBase):
         # applied by the partition's standbys before it returns, `cluster.replication`)
         self._store_thread = Serial(self.name)
         self._backlogs: dict[Owner, asyncio.Task[None]] = {}
+        # the newest version (its partition-wide seq) whose event was applied: a version at or
+        # below it still without a vector gets it from no event (its file lost, or made again)
+        self._evented = 0
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
                                         f"{self.name}.vectors")
         self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
@@ -215,6 +218,7 @@ class EmbedderActor(ActorBase):
         caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])
                                            for owner, seq in stored.items()))
         await self.embed_missing(dict(zip(stored, caught_up, strict=True)), texts)
+        self._evented = max(self._evented, *stored.values(), 0)
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
         await self.compacted()  # acked (and so done) once the vectors left the file
@@ -246,34 +250,37 @@ class EmbedderActor(ActorBase):
         ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
         missing = catalog.unembedded()
         if len(missing) > URGENT_MAX:
-            # more than the waiting events (and the few the relay has not published yet) can
-            # bring: some will come by no event
-            if len(missing) > getattr(self._events, "pending", 0) + URGENT_MAX:
+            if self._passed(catalog):  # else their events are coming
                 self._embed_backlog(owner)
             raise UnavailableError("memories are still being embedded")
         await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
         if catalog.unembedded():
             raise UnavailableError("some memories are not embedded yet")
 
+    def _passed(self, catalog: Catalog) -> list[str]:
+        """The versions without vectors that no event will bring: every one while no event
+        waits, else those at or below the newest version an event brought."""
+        if not getattr(self._events, "pending", 0):
+            return catalog.unembedded()
+        return catalog.unembedded(up_to=self._evented)
+
     def _embed_backlog(self, owner: Owner) -> None:
-        """The owner's versions without vectors embedded in the background, `VECTOR_CHUNK` at
-        a time, unless that runs already: a backlog no event brings (the vectors file lost,
-        or made again where a partition moved) is not left to the owner's next remember.
-        Started only when more versions lack vectors than events wait (and `URGENT_MAX` more,
-        for those the relay has not published yet): at saturation the events bring the
-        backlog, and embedding it here too took 40% more CPU per remember (docs/DECISIONS.md,
-        "The vectors travel with the replica"); and an owner whose vectors were lost is not
-        left degraded until the others' remembers stop."""
+        """The owner's versions without vectors that no event will bring (`_passed`: the
+        vectors file lost, or made again where a partition moved) embedded in the background,
+        `VECTOR_CHUNK` at a time, unless that runs already: they are not left to the owner's
+        next remember, nor to the end of the others' remembers. Not those whose events are
+        coming: at saturation both embedded them, 40% more CPU per remember (docs/DECISIONS.md,
+        "The vectors travel with the replica")."""
         if owner in self._backlogs:
             return
 
         async def embed() -> None:
             try:
                 while (catalog := self._catalogs.get(owner)) is not None and (
-                        missing := catalog.unembedded()):
+                        missing := self._passed(catalog)):
                     await self._embed({owner: (catalog, missing[:VECTOR_CHUNK])}, {},
                                       self._model_thread)
-                    if len(catalog.unembedded()) >= len(missing):  # texts gone meanwhile
+                    if len(self._passed(catalog)) >= len(missing):  # texts gone meanwhile
                         return
             except Exception as exc:  # the next rank that finds it missing starts it again
                 log.warning("%s: embedding a backlog failed (%s)", self.name, type(exc).__name__)

@@ -264,9 +264,12 @@ class Catalog:
 
     # --- vectors (a catalog made with `dim`) ---
 
-    def unembedded(self) -> list[str]:
-        """The versions that have no vector yet."""
-        return [self._ids[row] for row in np.flatnonzero(~self._c.embedded[: self._n])]
+    def unembedded(self, *, up_to: int | None = None) -> list[str]:
+        """The versions that have no vector yet (those whose seq is at most `up_to`)."""
+        lacking = ~self._c.embedded[: self._n]
+        if up_to is not None:
+            lacking &= self._c.seq[: self._n] <= up_to
+        return [self._ids[row] for row in np.flatnonzero(lacking)]
 
     def created(self, memory_ids: list[str]) -> np.ndarray:
         """When the versions it holds among these were created (µs since the epoch)."""

@@ -27,6 +27,7 @@ from tests.fakes import FakeBus, FakeEmbedder, Served, catalog_route, served, te
 pytestmark = pytest.mark.unit
 
 OWNER = Owner(tenant="ws", subject_id="member")
+OTHER = Owner(tenant="ws", subject_id="someone-else")
 DURABLE = "embedder-p0"
 
 
@@ -126,22 +127,35 @@ async def test_a_backlog_whose_events_are_coming_is_left_to_them_and_embedded_on
     assert sorted(embedded) == sorted(world.texts.values())
 
 
-async def test_a_backlog_more_than_the_waiting_events_can_bring_is_embedded_under_load(
+async def test_a_backlog_whose_events_have_passed_is_embedded_while_others_events_wait(
         world: World) -> None:
-    """An owner whose vectors were lost (no event will bring them) is not left degraded while
-    other owners' events keep the stream busy: fewer events wait than versions lack vectors."""
-    backlog = {f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)}
-    world.texts.update(backlog)
-    world.fake.consumers[DURABLE].pending = 2  # others' remembers, never idle under load
+    """An owner whose vectors were lost (their events applied long ago) is not left degraded
+    while other members' remembers keep the stream busy."""
+    world.texts.update({f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)})
+    newer = MemoryStored(partition="p0", owner=OTHER, memory_id="c", seq=len(world.texts))
+    await world.fake.deliver(DURABLE, [newer.to_json()])  # another member's, newer than all
+    world.fake.consumers[DURABLE].pending = 2  # and more waiting: the stream is never idle
+
+    async def ranked() -> bool:
+        try:
+            return bool(await world.rank("budget", min_seq=len(world.texts)))
+        except MemgateError:  # degraded: still embedding
+            return False
+
+    await eventually(ranked, timeout=5)
+
+
+async def test_a_backlog_whose_events_are_not_published_yet_is_left_to_them(
+        world: World) -> None:
+    """Few events wait, but the versions lacking vectors are newer than any event applied:
+    their events are on their way (the relay publishes after the commit), so nothing embeds
+    them in the background too (bench.compare: 5.9 → 7.5 ms of CPU per remember)."""
+    world.texts.update({f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)})
+    world.fake.consumers[DURABLE].pending = 1
     with pytest.raises(MemgateError):
         await world.rank("budget", min_seq=len(world.texts))
-
-    async def embedded() -> bool:
-        return sorted(t for call in world.model.calls[1:] for t in call) == sorted(
-            world.texts.values())
-
-    await eventually(embedded, timeout=5)
-    assert await world.rank("budget", min_seq=len(world.texts))  # not degraded any more
+    await asyncio.sleep(0.2)
+    assert world.model.calls == [["warm up"]]
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
