@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import statistics
@@ -26,10 +27,26 @@ from memgate.bus.logins import inbox_prefix
 ADMIN = "bench-operator-token"
 
 
+# Ports handed to servers started later: below Linux's ephemeral range (32768-60999), which the
+# outgoing connections of the servers already running draw from, so none of them takes a port
+# between its choice and its server's bind (a clean-clone CI run: "nats-server did not start").
+PORTS = range(20_000, 32_768)
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, never handed out before in this process."""
+    while True:
+        port = random.choice(PORTS)
+        if port in _handed:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
 
 
 def process_tree(root: int) -> dict[int, list[str]]:

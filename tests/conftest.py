@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -16,6 +15,7 @@ import nats
 import pytest
 import uvicorn
 
+from bench.harness import free_port
 from memgate.adapters.rest import create_app
 from memgate.app.settings import Settings
 from memgate.app.system import Bus, actor_names, start_system
@@ -23,12 +23,6 @@ from tests.agents import Agent, BusAgent, RestAgent
 
 ADMIN_TOKEN = "test-operator-token"
 HTTP_START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # The LLM origins the test memgate allows (none by default, the operator opts in): the `llm`

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -272,3 +273,15 @@ async def test_the_embedded_server_runs_go_on_one_thread_unless_the_user_says_ot
     monkeypatch.setenv("GOMAXPROCS", "3")
     async with EmbeddedNats(tmp_path / "users") as server:
         assert gomaxprocs(server) == "3"
+
+
+async def test_a_nats_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """Its port taken (another memgate, a left-over server): the error names the cause the
+    server gave, not a guess."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="address already in use"):
+            async with EmbeddedNats(tmp_path / "nats", port=port):
+                pass

@@ -12,10 +12,12 @@ agent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sysconfig
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import nkeys
 
 from memgate.bus.logins import PUBLIC_COMMANDS, agent_permissions
 from memgate.bus.lifetime import die_with_parent
+from memgate.tasks import cancelled
 
 INTERNAL_ACCOUNT = "MEMGATE"
 MAX_PAYLOAD = 8 * 1024 * 1024  # twice the REST body limit (Settings.max_body_bytes): the envelope
@@ -165,6 +168,7 @@ class EmbeddedNats:
         self._reloaded = asyncio.Condition()
         self._reloads = 0
         self._log_reader: asyncio.Task[None] | None = None
+        self._failures: deque[str] = deque(maxlen=3)  # the server's last errors (no content)
         self.url = ""
 
     @property
@@ -209,13 +213,19 @@ class EmbeddedNats:
             if self._process.returncode is not None:
                 break
             await asyncio.sleep(START_POLL_S)  # the server announces its port only in a file
+        if self._process.returncode is not None:  # its last words, read to the end
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._log_reader), 1.0)
         await self.stop()
-        raise RuntimeError("nats-server did not start (is the port free?)")
+        said = f": {self._failures[-1]}" if self._failures else " (is the port free?)"
+        raise RuntimeError(f"nats-server did not start{said}")
 
     async def _read_log(self) -> None:
         """Drain the server's log (it holds no message content) and notice applied reloads."""
         assert self._process is not None and self._process.stderr is not None
         async for line in self._process.stderr:
+            if b"[FTL]" in line or b"[ERR]" in line:  # why it stopped, should it not start
+                self._failures.append(line.decode(errors="replace").split("] ", 2)[-1].strip())
             if b"Reloaded server configuration" in line:
                 async with self._reloaded:
                     self._reloads += 1
@@ -245,9 +255,7 @@ class EmbeddedNats:
             except TimeoutError:
                 self._process.kill()
                 await self._process.wait()
-        if self._log_reader is not None:
-            self._log_reader.cancel()
-            await asyncio.gather(self._log_reader, return_exceptions=True)
+        await cancelled(self._log_reader)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
