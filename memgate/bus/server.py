@@ -168,7 +168,7 @@ class EmbeddedNats:
         self._reloaded = asyncio.Condition()
         self._reloads = 0
         self._log_reader: asyncio.Task[None] | None = None
-        self._failures: deque[str] = deque(maxlen=3)  # the server's last errors (no content)
+        self._failures: deque[str] = deque(maxlen=3)  # listeners it could not open
         self.url = ""
 
     @property
@@ -224,7 +224,9 @@ class EmbeddedNats:
         """Drain the server's log (it holds no message content) and notice applied reloads."""
         assert self._process is not None and self._process.stderr is not None
         async for line in self._process.stderr:
-            if b"[FTL]" in line or b"[ERR]" in line:  # why it stopped, should it not start
+            # why it did not start, when it is a listener it could not open: only that line,
+            # as a parse error of the config may quote the config, whose logins hold secrets
+            if b"[FTL] Error listening on" in line:
                 self._failures.append(line.decode(errors="replace").split("] ", 2)[-1].strip())
             if b"Reloaded server configuration" in line:
                 async with self._reloaded:
