@@ -21,6 +21,22 @@ from memgate.app.settings import Settings
 from memgate.app.system import Bus, actor_names, start_system
 from tests.agents import Agent, BusAgent, RestAgent
 
+LOG_TAIL = 120  # lines of each node's log shown under a failed test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test that ran nodes (`memgate up`, whose logs it kept in its `tmp_path`) shows
+    the end of each node's log: a clean-clone CI run keeps nothing else of them."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if not report.failed or not isinstance(tmp_path, Path):
+        return
+    for log in sorted(tmp_path.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        report.sections.append((f"end of {log.name}", "\n".join(lines)))
+
 ADMIN_TOKEN = "test-operator-token"
 HTTP_START_TIMEOUT_S = 10.0
 

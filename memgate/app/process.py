@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import math
@@ -48,6 +49,10 @@ HTTP_START_TIMEOUT_S = 30.0
 # the longer one; 75 s is nginx's and gunicorn's.
 KEEP_ALIVE_S = 75
 ORPHAN_STOP_S = 3.0  # an orphan's drain, at most (idle: ~0.2 s)
+# Any other stop, at most, past the HTTP front's drain (`request_timeout_s`): a stop still under
+# way then waits on something that will not come (a lease lost, the connection refused), and
+# the supervisor restarts only a process that exited.
+STOP_MARGIN_S = 15.0
 
 
 class HttpServer(uvicorn.Server):
@@ -73,11 +78,28 @@ def http_server(settings: Settings, bus: Bus) -> HttpServer:
         timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)))
 
 
-def _exit_soon() -> None:
-    """Exit in `ORPHAN_STOP_S` whatever the event loop is doing (a thread of its own)."""
-    timer = threading.Timer(ORPHAN_STOP_S, os._exit, args=(1,))
+def exit_soon(loop: asyncio.AbstractEventLoop, after_s: float, code: int) -> None:
+    """Exit in `after_s` whatever the event loop is doing (a thread of its own), first saying
+    where each task and thread waited (their code lines, never their values)."""
+    def stuck() -> None:
+        log.error("the stop did not end within %g s; exiting (%d)", after_s, code)
+        with contextlib.suppress(Exception):  # the loop's tasks, read from another thread
+            for task in list(asyncio.all_tasks(loop)):
+                print(f"task {task.get_name()} waits in:", *awaiting(task.get_coro()),
+                      sep="\n  ", file=sys.stderr)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(code)
+
+    timer = threading.Timer(after_s, stuck)
     timer.daemon = True
     timer.start()
+
+
+def awaiting(coro: object) -> Iterator[str]:
+    """Where a coroutine waits: each coroutine it awaits, outermost first."""
+    while (frame := getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)):
+        yield f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
 
 
 def _stop_when_parent_goes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -92,7 +114,7 @@ def _stop_when_parent_goes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event)
         if gone:
             loop.remove_reader(fd)
             stop.set()
-            _exit_soon()
+            exit_soon(loop, ORPHAN_STOP_S, 1)
 
     loop.add_reader(fd, readable)
 
@@ -136,6 +158,8 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
             os.write(ready_fd, f"{group} {os.getpid()}\n".encode())
             os.close(ready_fd)
         await stop.wait()
+        exit_soon(loop, settings.request_timeout_s + STOP_MARGIN_S,
+                   LEASE_LOST_EXIT if lost.is_set() else 1)
         if http is not None and serving is not None:  # the front door closes before the actors
             http.should_exit = True
             await serving
