@@ -20,6 +20,9 @@ from tests.conftest import ADMIN_TOKEN, eventually, free_port
 from tests.test_processes import alive, children, healthy
 
 NODES = 3
+STANDBYS = 1  # the in-sync standbys a store keeps by default (`Settings.standbys`)
+# a cluster where every store keeps one on each other node
+EVERY_OTHER = {"MEMGATE_STANDBYS": str(NODES - 1)}
 RESUME_WITHIN_S = 20.0  # the target for writes on a lost node's partitions
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

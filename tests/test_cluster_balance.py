@@ -15,7 +15,7 @@ import pytest
 from memgate.runtime.actor import partition_of
 from tests.conftest import eventually
 from tests.cluster import (
-    NODES, Agent, Node, agent_in_a_new_workspace, cluster_stores, start_cluster,
+    NODES, STANDBYS, Agent, Node, agent_in_a_new_workspace, cluster_stores, start_cluster,
 )
 from tests.test_processes import healthy
 
@@ -49,7 +49,7 @@ async def _balanced(through: Node) -> bool:
     spread = Counter(str(stores[name]["servedBy"]) for name in STORES)
     return sorted(spread.values()) == [1] * NODES and all(
         stores[f"{kind}.p{i}"]["servedBy"] == stores[f"storage.p{i}"]["servedBy"]
-        and len(stores[f"storage.p{i}"].get("inSync") or []) == NODES - 1  # type: ignore[arg-type]
+        and len(stores[f"storage.p{i}"].get("inSync") or []) == STANDBYS  # type: ignore[arg-type]
         for i in range(PARTITIONS) for kind in ("indexer", "embedder"))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.cluster import NODES, answered, cluster_stores, in_sync, start_cluster
+from tests.cluster import EVERY_OTHER, NODES, answered, cluster_stores, in_sync, start_cluster
 from tests.test_erased_bytes import canary, hits, needles
 from tests.test_processes import healthy
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(420)
 
 
 async def test_a_forgotten_memory_leaves_every_byte_of_every_node(tmp_path: Path) -> None:
-    nodes, agent = await start_cluster(tmp_path)
+    nodes, agent = await start_cluster(tmp_path, EVERY_OTHER)
     try:
         await eventually(lambda: in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
         stores = await cluster_stores(nodes[0])

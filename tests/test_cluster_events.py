@@ -21,7 +21,7 @@ from memgate.bus.logins import inbox_prefix
 from memgate.bus.streams import until_jetstream_answers
 from memgate.contracts.events import MEMORY_EVENT, MemoryStored
 from tests.conftest import close_nats, eventually
-from tests.cluster import ELECTION_S, NODES, Node, in_sync, start_cluster
+from tests.cluster import ELECTION_S, STANDBYS, Node, in_sync, start_cluster
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -80,7 +80,7 @@ async def test_a_kill_of_the_events_stream_leader_leaves_no_gap_in_the_events(
         tmp_path: Path) -> None:
     nodes, agent = await start_cluster(tmp_path)
     try:
-        await eventually(lambda: in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
+        await eventually(lambda: in_sync(nodes[0], ["storage.p0"], STANDBYS), timeout=90)
         leader = await _leader(nodes[0])
         victim = next(n for n in nodes if n.name == leader)
         through = next(n for n in nodes if n is not victim)

@@ -24,7 +24,8 @@ from memgate.bus.logins import inbox_prefix
 from memgate.cluster.lease import BUCKET, holder, lease_bucket
 from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
 from tests.cluster import (
-    ADMIN, NODES, RESUME_WITHIN_S, cluster_stores, in_sync, start_cluster, until,
+    ADMIN, EVERY_OTHER, NODES, RESUME_WITHIN_S, STANDBYS, cluster_stores, in_sync,
+    start_cluster, until,
 )
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
 from tests.test_processes import healthy
@@ -142,7 +143,7 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             shown = (await two.get("/api/admin/cluster", headers=ADMIN)).json()
             lag = {s["name"]: s["standbys"] for s in shown["stores"]}
             assert lag["indexer.p0"] is None  # rebuilt, never copied
-            return all(len(lag[name] or []) == NODES - 1 and all(
+            return all(len(lag[name] or []) == STANDBYS and all(
                 s["inSync"] and s["behind"] == 0 for s in lag[name] or [])
                 for name in ("storage.p0", "embedder.p0", "directory"))
 
@@ -152,7 +153,7 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
             str(one_dir), stdout=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "250"})
         out, _ = await asyncio.wait_for(status.communicate(), 60)
         [line] = [line for line in out.decode().splitlines() if " storage.p0 " in line]
-        assert line.count("in sync") == NODES - 1, line
+        assert line.count("in sync") == STANDBYS, line
 
         # an agent's NATS login, issued through node 1, works on every node
         login_made = (await one.post("/api/admin/nats-agents", json={"name": "bot"},
@@ -233,7 +234,7 @@ async def test_a_standby_node_killed_outright_leaves_the_owner_writing_and_copie
         tmp_path: Path) -> None:
     """kill -9 of a whole node that serves nothing (it keeps standby copies) mid-load: the owner
     records it out of sync and goes on; back, it copies every store again."""
-    nodes, agent = await start_cluster(tmp_path)
+    nodes, agent = await start_cluster(tmp_path, EVERY_OTHER)
     try:
         await eventually(lambda: in_sync(nodes[0], ["storage.p0"], NODES - 1), timeout=90)
         serving = (await cluster_stores(nodes[0]))["storage.p0"]["servedBy"]

@@ -15,7 +15,7 @@ import pytest
 
 from memgate.actors.embedder import URGENT_MAX
 from tests.cluster import (
-    NODES, RESUME_WITHIN_S, Agent, Node, agent_in_a_new_workspace, cluster_stores, in_sync,
+    RESUME_WITHIN_S, STANDBYS, Agent, Node, agent_in_a_new_workspace, cluster_stores, in_sync,
     start_cluster, until,
 )
 from tests.conftest import eventually
@@ -34,8 +34,8 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         tmp_path: Path) -> None:
     nodes, agent = await start_cluster(tmp_path)
     try:
-        # every replicated store has an in-sync standby on each other node
-        await eventually(lambda: in_sync(nodes[0], REPLICATED, NODES - 1), timeout=60)
+        # every replicated store has its in-sync standby on another node
+        await eventually(lambda: in_sync(nodes[0], REPLICATED, STANDBYS), timeout=60)
         stores = await cluster_stores(nodes[0])
         home = next(n for n in nodes if n.name == stores["storage.p0"]["home"])
         survivors = [n for n in nodes if n is not home]
@@ -85,7 +85,7 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         shutil.rmtree(home.data_dir)
         await home.start()
         await eventually(lambda: healthy(home.http), timeout=150)
-        await eventually(lambda: in_sync(survivors[0], REPLICATED, NODES - 1), timeout=90)
+        await eventually(lambda: in_sync(survivors[0], REPLICATED, STANDBYS), timeout=90)
         await agent.all_kept(home)
     finally:
         for one_node in nodes:
@@ -112,7 +112,7 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         tmp_path: Path) -> None:
     nodes, agent = await start_cluster(tmp_path)
     try:
-        await eventually(lambda: in_sync(nodes[0], REPLICATED, NODES - 1), timeout=60)
+        await eventually(lambda: in_sync(nodes[0], REPLICATED, STANDBYS), timeout=60)
         stores = await cluster_stores(nodes[0])
         home = next(n for n in nodes if n.name == stores["storage.p0"]["home"])
         through = next(n for n in nodes if n is not home)
@@ -135,7 +135,7 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         assert line.endswith(f"handed to {stores['storage.p0']['servedBy']})"), line
         await agent.all_kept(through)
         # the drained node keeps an in-sync copy again
-        await eventually(lambda: in_sync(through, REPLICATED, NODES - 1), timeout=90)
+        await eventually(lambda: in_sync(through, REPLICATED, STANDBYS), timeout=90)
 
         # the new owner's process stopped (SIGSTOP) past its lease: a standby takes over;
         # woken, the old owner commits nothing, and becomes a standby again
@@ -156,7 +156,7 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         await load
         stores = await cluster_stores(other)
         assert stores["storage.p0"]["servedBy"] != owner.name
-        await eventually(lambda: in_sync(other, ["storage.p0"], NODES - 1), timeout=90)
+        await eventually(lambda: in_sync(other, ["storage.p0"], STANDBYS), timeout=90)
         for one_node in nodes:
             await eventually(lambda n=one_node: healthy(n.http), timeout=90)
             await agent.all_kept(one_node)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     cluster: str | None = None
     routes: list[str] = Field(default_factory=list)
     replicas: int | None = Field(default=None, ge=1, le=5)
+    # the in-sync standbys each store keeps on other nodes: one survives the loss of any one
+    # machine; each more costs every write a copy (docs/DECISIONS.md, "One in-sync standby")
+    standbys: int = Field(default=1, ge=1, le=4)
     # set by `memgate up` for each process it starts: how many times it started that one again
     restarts: int = Field(default=0, ge=0)
     # the single-writer actors whose home is another node (`memgate up` finds them at start):

@@ -289,7 +289,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     kinds = KindConnections(bus, timeout=settings.request_timeout_s,
                             replicas=settings.stream_replicas())
     standbys: list[Standby] = []
-    if settings.routes:  # clustered: every store has a standby on each other node
+    if settings.routes:  # clustered: every store has a standby on each other node (which
+        # copies it if its owner wants one more: `Settings.standbys`)
         replication.record_under(settings.data_dir)
         disk = Disk.of(settings.data_dir, settings.node)
         stores = [name for name in single_writers(settings.partition_names())
@@ -311,7 +312,8 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
             return Standby(name, node=disk.node, bus=kinds.client(kind),
                            js=partial(kinds.jetstream, kind), data_dir=settings.data_dir,
                            become=become, disk_home=disk.home(),
-                           replicas=settings.stream_replicas(), stale=_derived(settings, name))
+                           replicas=settings.stream_replicas(), standbys=settings.standbys,
+                           stale=_derived(settings, name))
 
         standbys = [standby(name) for name in sorted(elsewhere)]
     actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
@@ -435,6 +437,7 @@ async def _primary(settings: Settings, kinds: KindConnections, ownership: Owners
         homes_bucket, kinds.jetstream(kind), replicas=settings.stream_replicas()))
     primary = replication.Primary(name, lease=ownership.leases[name], bus=kinds.client(kind),
                                   kv=kv, homes=homes, data_dir=settings.data_dir,
+                                  standbys=settings.standbys,
                                   timeout_s=settings.request_timeout_s / 2)
     # its home here, no standby in sync yet
     await until_jetstream_answers(partial(primary.settle,

@@ -1,7 +1,8 @@
 """Partitions spread over the nodes (SPEC §6): a node that serves at least two `storage`
 partitions fewer than the busiest node takes one of them over, once its standby of it is in
-sync — at a cluster's first start (the first node made itself every store's home) and when a
-node joins or comes back.
+sync (it first copies one, if it keeps no in-sync copy of any: `to_copy`) — at a cluster's
+first start (the first node made itself every store's home) and when a node joins or comes
+back.
 
 Each node pulls for itself only (no node decides for another, so two never move one partition
 at once): it asks the busiest node's owner of a partition to hand it over to this node
@@ -24,6 +25,7 @@ from nats.js.kv import KeyValue
 
 from memgate.bus.streams import kv_bucket
 from memgate.cluster.lease import holder, lease_bucket
+from memgate.cluster import replication
 from memgate.cluster.replication import (
     Drain, Drained, in_sync, standbys_bucket, subject,
 )
@@ -43,19 +45,38 @@ SETTLE_S = 15.0  # after asking for a partition, before it looks again
 def pick(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -> str | None:
     """The partition `node` should take over now, if any: one the busiest node serves, of which
     `node` keeps an in-sync copy, when the busiest serves at least two more than `node`."""
+    theirs = _pulled(node, held, in_sync_of)
+    if theirs is None:
+        return None
+    candidates, place = theirs
+    candidates = [name for name in candidates if node in in_sync_of.get(name, [])]
+    return candidates[place % len(candidates)] if candidates else None
+
+
+def to_copy(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -> str | None:
+    """The partition `node` should copy first, to take it over: when it should take one but
+    keeps an in-sync copy of none the busiest serves (a store keeps the standbys it wants,
+    wherever they are)."""
+    theirs = _pulled(node, held, in_sync_of)
+    if theirs is None or pick(node, held, in_sync_of) is not None:
+        return None
+    candidates, place = theirs
+    return candidates[place % len(candidates)]
+
+
+def _pulled(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]],
+            ) -> tuple[list[str], int] | None:
+    """The partitions of the busiest node, when it serves at least two more than `node`, and
+    `node`'s place among the nodes that pull from it (so they ask for different ones)."""
     alive = {node, *held.values(), *(n for nodes in in_sync_of.values() for n in nodes)}
     count = Counter({n: 0 for n in alive})
     count.update(held.values())
     busiest = max(sorted(count), key=lambda n: count[n])
     if count[busiest] - count[node] < 2:
         return None
-    candidates = sorted(name for name, owner in held.items()
-                        if owner == busiest and node in in_sync_of.get(name, []))
-    if not candidates:
-        return None
-    # nodes pulling at the same time ask for different partitions
     pullers = sorted(n for n in alive if count[busiest] - count[n] >= 2)
-    return candidates[pullers.index(node) % len(candidates)]
+    return sorted(name for name, owner in held.items() if owner == busiest), \
+        pullers.index(node)
 
 
 async def drained_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
@@ -126,17 +147,22 @@ class Balancer:
         leases = await lease_bucket(js, replicas=self._replicas)
         standbys = await standbys_bucket(js, replicas=self._replicas)
         held: dict[str, str] = {}
+        epochs: dict[str, int] = {}
         in_sync_of: dict[str, list[str]] = {}
         for name in self._names:
             owner = await holder(leases, name)
             if owner is None:  # moving now: look again once it has landed
                 return None
-            held[name] = owner.node
+            held[name], epochs[name] = owner.node, owner.epoch
             record = await in_sync(standbys, name)
             if record is not None and record.epoch == owner.epoch:
                 in_sync_of[name] = record.nodes
         wanted = pick(self._node, held, in_sync_of)
         if wanted is None:
+            if (copy := to_copy(self._node, held, in_sync_of)) is not None and \
+                    (standby := replication.standby(copy)) is not None:
+                log.info("balancing: copying %s to take it over from %s", copy, held[copy])
+                standby.pull(epochs[copy])  # in sync by one of the next looks
             return None
         log.info("balancing: taking %s over from %s", wanted, held[wanted])
         with contextlib.suppress(MemgateError):  # moved or refused meanwhile: look again
@@ -145,4 +171,4 @@ class Balancer:
         return wanted
 
 
-__all__ = ["DRAINED", "Balancer", "drained", "drained_bucket", "pick"]
+__all__ = ["DRAINED", "Balancer", "drained", "drained_bucket", "pick", "to_copy"]

@@ -15,11 +15,13 @@ another epoch and any gap. A standby that does not answer in time is recorded ou
 
 A standby (`Standby`, on every other node of a clustered `memgate up`) first deletes whatever
 copy its disk holds of the store (stale: written before it was down, or under another owner),
-then joins: the owner checkpoints and copies its files (between two jobs of its thread), the
-standby fetches them in pages, and the owner sends the batches that committed meanwhile before
-it records the standby in sync. When the lease is gone (its owner dead or cut off: it fenced
-itself first) an in-sync standby moves the store's home to its own disk by compare-and-set (one
-winner) and starts the actor there, on the copy; the others copy the store again from it.
+then, while the owner keeps fewer in-sync standbys than `Settings.standbys` (or to take the
+store over, `cluster.balance`), joins: the owner checkpoints and copies its files (between two
+jobs of its thread), the standby fetches them in pages, and the owner sends the batches that
+committed meanwhile before it records the standby in sync. When the lease is gone (its owner
+dead or cut off: it fenced itself first) an in-sync standby moves the store's home to its own
+disk by compare-and-set (one winner) and starts the actor there, on the copy; the others copy
+the store again from it, as many as it keeps.
 """
 
 from __future__ import annotations
@@ -284,6 +286,8 @@ class Applied(Contract):
 class Join(Contract):
     node: str
     home: dict[str, str]  # its disk, as `cluster.ownership` names homes
+    # a node that pulls the store over (`cluster.balance`): taken beyond the standbys wanted
+    wanted: bool = False
 
 
 class Drain(Contract):
@@ -360,6 +364,7 @@ class _Follower:
     waiting: list[bytes] | None = field(default_factory=list)  # None: in sync, sent at once
     snapshot: Path | None = None
     unapplied: int = 0  # what it said it held unapplied, at its last answer
+    wanted: bool = False  # joined to take the store over, beyond the standbys wanted
 
 
 class Primary:
@@ -367,8 +372,10 @@ class Primary:
     standbys in order, and copies the store for a standby that joins."""
 
     def __init__(self, name: str, *, lease: PartitionLease, bus: Requester, kv: KeyValue,
-                 homes: KeyValue, data_dir: Path, timeout_s: float = APPLY_TIMEOUT_S) -> None:
+                 homes: KeyValue, data_dir: Path, standbys: int = 1,
+                 timeout_s: float = APPLY_TIMEOUT_S) -> None:
         self.name = name
+        self._standbys = standbys
         self._lease = lease
         self._bus = bus
         self._kv = kv
@@ -505,6 +512,7 @@ class Primary:
         request = Join.model_validate_json(payload)
         self._drop(request.node)
         await self._record_out()
+        self._refuse_beyond(request.node, wanted=request.wanted)
         snapshot = self._root / "replicas" / "outgoing" / uuid.uuid4().hex
         if self._run is None:
             raise ConflictError("this store is rebuilt, not copied", {"store": self.name})
@@ -528,8 +536,17 @@ class Primary:
         # numbered after the copy: every batch after `seq` is not in it
         seq = self._numbered
         self._followers[joining.node] = _Follower(joining.node, joining.home, after=seq,
-                                                  snapshot=snapshot)
+                                                  snapshot=snapshot, wanted=joining.wanted)
         return files, seq
+
+    def _refuse_beyond(self, node: str, *, wanted: bool) -> None:
+        """A store keeps the standbys it wants in sync and no more (each costs every write a
+        copy), but for a node that pulls it over; a derived store is copied by its
+        partition's standbys only (`Standby._wanted`), each of them."""
+        if not wanted and follows(self.name) is None and \
+                len(self._in_sync - {node}) >= self._standbys:
+            raise ConflictError("the store has the standbys it keeps in sync",
+                                {"store": self.name})
 
     async def page(self, payload: bytes) -> PageData:
         request = Page.model_validate_json(payload)
@@ -550,6 +567,11 @@ class Primary:
         if follower is None or follower.snapshot is None or \
                 follower.snapshot.name != request.snapshot or follower.waiting is None:
             raise ConflictError("no such copy: join again")
+        try:
+            self._refuse_beyond(request.node, wanted=follower.wanted)
+        except ConflictError:
+            self._drop(request.node)
+            raise
         while follower.waiting:  # what committed since the copy, in order
             batch = follower.waiting.pop(0)
             try:
@@ -626,6 +648,7 @@ class Primary:
 
 
 _primaries: dict[str, Primary] = {}
+_standbys: dict[str, Standby] = {}
 _writers: dict[str, Callable[[Callable[[], Any]], Awaitable[Any]]] = {}
 
 
@@ -636,6 +659,11 @@ def writer(name: str, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> Non
 
 def primary(name: str) -> Primary | None:
     return _primaries.get(name)
+
+
+def standby(name: str) -> Standby | None:
+    """This process's standby of `name`, if it runs one."""
+    return _standbys.get(name)
 
 
 def serve(p: Primary) -> None:
@@ -667,7 +695,7 @@ class Standby:
 
     def __init__(self, name: str, *, node: str, bus: Requester, js: Callable[[], JetStreamContext],
                  data_dir: Path, become: Callable[[], Awaitable[None]],
-                 disk_home: dict[str, str], replicas: int = 1,
+                 disk_home: dict[str, str], replicas: int = 1, standbys: int = 1,
                  stale: Sequence[Path] = ()) -> None:
         self.name = f"standby.{name}"
         self.store = name
@@ -678,6 +706,9 @@ class Standby:
         self._become = become
         self._home = disk_home
         self._replicas = replicas
+        self._standbys = standbys  # in sync per store, as its owner keeps them
+        self._pulling: int | None = None  # the owner's epoch this node pulls the store over in
+        self._copied = False  # files of the store on this disk (a copy, whole or partial)
         self._stale = tuple(stale)  # what else to delete (a rebuilt store's files)
         self._db: dict[str, duckdb.DuckDBPyConnection] = {}
         self._epoch = 0
@@ -695,9 +726,17 @@ class Standby:
 
     async def start(self) -> None:
         await self._discard()  # stale: never served, never promoted from
+        _standbys[self.store] = self
         self._task = asyncio.create_task(self._follow(), name=self.name)
 
+    def pull(self, epoch: int) -> None:
+        """Copy the store (beyond the standbys its owner keeps) to take it over from the owner
+        of `epoch` (`cluster.balance`)."""
+        self._pulling = epoch
+
     async def stop(self) -> None:
+        if _standbys.get(self.store) is self:
+            del _standbys[self.store]
         await cancelled(self._task, self._drain_task)
         self._pending.clear()  # the copy is deleted when this process starts again
         await self._thread(self._close)
@@ -721,9 +760,11 @@ class Standby:
     def _delete(self) -> None:
         self._close()
         self._epoch, self._seq = 0, 0
+        self._copied = False
         for path in self._paths():
             for stale in (path, path.with_name(path.name + ".wal"),
-                          path.with_name(path.name + ".compact")):
+                          path.with_name(path.name + ".compact"),
+                          path.with_name(path.name + ".copy")):
                 stale.unlink(missing_ok=True)
         for stale in self._stale:
             if stale.is_dir():
@@ -850,9 +891,24 @@ class Standby:
             else:
                 unowned_since = None
                 if owner.node != self._node and (owner.epoch != self._epoch or not synced):
-                    await self._discard()  # another owner: its copy, from scratch
-                    await self._join()
+                    if self._copied:
+                        await self._discard()  # another owner, or left: a copy from scratch
+                    if await self._wanted(owner.epoch, record, standbys):
+                        await self._join(pulling=self._pulling == owner.epoch)
             await asyncio.sleep(WATCH_EVERY_S)
+
+    async def _wanted(self, epoch: int, record: InSync | None, standbys: KeyValue) -> bool:
+        """Whether this node copies the store (served under `epoch`) now: to take it over;
+        where its partition has an in-sync standby, for a derived store; else while its owner
+        keeps fewer in-sync standbys than it wants."""
+        if self._pulling == epoch:
+            return True
+        partition = follows(self.store)
+        if partition is not None:
+            kept = await in_sync(standbys, partition)
+            return kept is not None and self._node in kept.nodes
+        return record is None or record.epoch != epoch or \
+            len(set(record.nodes) - {self._node}) < self._standbys
 
     async def _next(self, record: InSync | None, unowned_since: float, released: bool) -> bool:
         """Whether this standby may take the store over now. A drain names the standby it
@@ -870,9 +926,11 @@ class Standby:
             return waited >= HANDOVER_S
         return not released or waited >= RESTART_S
 
-    async def _join(self) -> None:
+    async def _join(self, *, pulling: bool = False) -> None:
+        self._copied = True
         joined = await self._bus.request(subject(self.store, "join"),
-                                         Join(node=self._node, home=self._home), Joined)
+                                         Join(node=self._node, home=self._home,
+                                              wanted=pulling), Joined)
         for copied in joined.files:
             await self._fetch(joined.snapshot, copied)
         await self._thread(self._open)
@@ -994,5 +1052,5 @@ class _Thread:
 
 __all__ = ["STANDBYS", "Drain", "Drained", "InSync", "Primary", "Recording", "Standby", "files_of",
            "follows", "in_sync", "journaled", "movable", "opened", "primary", "raw", "record_under",
-           "recording", "rebuilt", "retire", "rewritten", "serve", "standby_lag", "standbys_bucket",
-           "wrote"]
+           "recording", "rebuilt", "retire", "rewritten", "serve", "standby", "standby_lag",
+           "standbys_bucket", "wrote"]
