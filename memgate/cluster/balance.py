@@ -58,9 +58,11 @@ def to_copy(node: str, held: dict[str, str], in_sync_of: dict[str, list[str]]) -
     keeps an in-sync copy of none the busiest serves (a store keeps the standbys it wants,
     wherever they are)."""
     theirs = _pulled(node, held, in_sync_of)
-    if theirs is None or pick(node, held, in_sync_of) is not None:
+    if theirs is None:
         return None
     candidates, place = theirs
+    if any(node in in_sync_of.get(name, []) for name in candidates):
+        return None  # `pick` takes one over at once
     return candidates[place % len(candidates)]
 
 
