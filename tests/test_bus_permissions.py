@@ -16,8 +16,11 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from memgate.bus import MemgateClient
-from memgate.contracts import Envelope
+from memgate.bus import MemgateClient, subjects
+from memgate.bus.client import BusClient, Partition
+from memgate.contracts import (
+    Envelope, ListRequest, ListResult, RememberRequest, RememberResult,
+)
 from tests.conftest import ADMIN_TOKEN, Memgate, eventually, run_memgate
 
 
@@ -76,6 +79,31 @@ async def test_an_agent_connection_cannot_read_events_or_internal_subjects(
         assert [m.memory_id for m in (await agent.list()).memories] == [remembered.memory_id]
     await agent_nc.close()
     await storage.close()
+
+
+async def test_a_command_for_a_partition_nobody_serves_is_governed_all_the_same(
+        memgate: Memgate) -> None:
+    """An agent may send its remember, list and forget for its partition (a cluster's reply
+    names it). Told one that nobody serves (it has moved; a single node serves none), the
+    command goes to any governance at once, and the agent forgets the name."""
+    owner = await memgate.workspace()
+    token = await memgate.credential(owner)
+    credential = await memgate.nats_agent()
+    nc = await nats.connect(memgate.nats_url, nkeys_seed_str=credential["seed"],
+                            inbox_prefix=credential["inboxPrefix"])
+    with pytest.raises(nats.errors.NoRespondersError):  # allowed, imported, and unserved
+        await nc.request(subjects.partitioned(subjects.REMEMBER, "p7"), b"{}", timeout=5)
+    partition = Partition()
+    bus = BusClient(nc, timeout=5, partition=partition)
+    for command, body, result in (
+            (subjects.REMEMBER, RememberRequest(namespace="n", text="the moved partition"),
+             RememberResult),
+            (subjects.LIST, ListRequest(namespace="n"), ListResult)):
+        partition.name = "p7"
+        answered = await bus.command(command, token, body, result)
+        assert partition.name is None  # a single node names no partition
+    assert isinstance(answered, ListResult) and len(answered.memories) == 1
+    await nc.close()
 
 
 async def test_without_a_nats_credential_there_is_no_connection(memgate: Memgate) -> None:

@@ -28,6 +28,7 @@ from tests.cluster import (
     start_cluster, until,
 )
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
+from tests.test_metrics import scrape, value
 from tests.test_processes import healthy
 
 pytestmark = pytest.mark.timeout(300)
@@ -164,11 +165,28 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
         stored = await agents[2].remember("n", "the gate code changes on Mondays")
         listed_ids = {m.memory_id for m in (await agents[1].list(namespace="n")).memories}
         assert listed_ids == {memory_id, stored.memory_id}
+
+        # an agent's commands are governed on its partition's node once a reply named it:
+        # at most each agent's first plain one is governed elsewhere
+        homes_of = {name: (await home_of(homes, name) or {})["node"] for name in writers}
+        for connected in agents:
+            for i in range(10):
+                await connected.remember("n", f"reading {i} of the water meter")
+            await connected.list(namespace="n")
+        governed = {}
+        for n, (http, _, _) in enumerate(nodes):
+            samples = await scrape(http)
+            governed[f"n{n}"] = sum(value(samples, "memgate_commands_total", command=command,
+                                          transport="nats", code="OK")
+                                    for command in ("remember", "list"))
+        assert sum(governed.values()) == 1 + 1 + NODES * 11, governed
+        elsewhere = sum(count for node_name, count in governed.items()
+                        if node_name != homes_of["storage.p0"])
+        assert elsewhere <= NODES, governed
         for connected in agents:
             await connected.close()
 
         # an erasure's evidence names the node of every layer's owner
-        homes_of = {name: (await home_of(homes, name) or {})["node"] for name in writers}
         await erased_on_their_homes(one, two, ws, owner, homes_of)
 
 

@@ -23,7 +23,7 @@ from memgate.ports.bus import Announcer, Requester
 from memgate.ports.registry import BusRegistry
 from memgate.ports.storage import BusStorage
 from memgate.ports.services import BusOperations
-from memgate.bus.logins import PUBLIC_COMMANDS
+from memgate.bus.logins import PARTITIONED_COMMANDS, PUBLIC_COMMANDS
 from memgate.bus.server import new_agent_seed
 from memgate.contracts import (
     AddMember, Contract, CreateCredential, CreateNatsAgent, CreateWorkspace, CredentialCreated,
@@ -425,7 +425,7 @@ class DirectoryActor(ActorBase):
             raise UnavailableError("the NATS server did not apply the new login; none was "
                                    "issued, try again") from None
         return NatsAgentCreated(agent_id=agent_id, seed=seed, inbox_prefix=inbox_prefix,
-                                publish=list(PUBLIC_COMMANDS))
+                                publish=[*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS])
 
     async def revoke_nats_agent(self, envelope: Envelope) -> Done:
         self._operator(envelope.token)

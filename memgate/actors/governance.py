@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from memgate.bus import parse, subjects
-from memgate.bus.replies import Handler
+from memgate.bus.replies import Handler, reply_header
 from memgate.bus.logins import PUBLIC_COMMANDS
 from memgate.contracts import (
     Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, Principal,
@@ -30,7 +30,7 @@ from memgate.ports.directory import BusDirectory, Directory, PrincipalCache
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
 from memgate.ports.services import BusRecall
-from memgate.runtime.actor import ActorBase, Endpoint, Listener
+from memgate.runtime.actor import ActorBase, Endpoint, Listener, partition_of
 from memgate.storage.directory import hash_token
 
 QUEUE = "governance"
@@ -42,31 +42,43 @@ __all__ = ["GovernanceActor", "authorise", "refuse_personal_data"]
 
 
 class GovernanceActor(ActorBase):
-    name = "governance"
+    """`partition`: it takes the commands sent for that partition (`subjects.partitioned`), on
+    the node that owns it. `partitions` (a cluster's count): each reply to a plain remember,
+    list or forget names the agent's partition (`subjects.PARTITION_HEADER`), where its next
+    ones go (docs/DECISIONS.md, "An agent's commands go to its partition's node")."""
 
     def __init__(self, *, directory: Directory, registry: Registry, storage: Storage,
-                 recall: BusRecall, serves: Collection[str] = PUBLIC_COMMANDS) -> None:
+                 recall: BusRecall, serves: Collection[str] = PUBLIC_COMMANDS,
+                 partition: str | None = None, partitions: int | None = None) -> None:
         self._directory = directory
         self._registry = registry
         self._storage = storage
         self._recall = recall
         self._serves = frozenset(serves)
+        self.partition = partition
+        self._partitions = partitions
+        self.name = "governance" if partition is None else f"governance.{partition}"
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int,
-               serves: Collection[str] = PUBLIC_COMMANDS) -> GovernanceActor:
+               serves: Collection[str] = PUBLIC_COMMANDS, partition: str | None = None,
+               names_partitions: bool = False) -> GovernanceActor:
         """Governance whose collaborators are the other actors, reached over `bus`; the
         principals it resolves are kept until the directory announces a change. It takes the
-        public commands `serves`."""
+        public commands `serves` (for `partition`, if given); with `names_partitions`, its
+        replies name the agent's partition."""
         return cls(directory=PrincipalCache(BusDirectory(bus)), registry=BusRegistry(bus),
                    storage=BusStorage(bus, partitions=partitions), recall=BusRecall(bus),
-                   serves=serves)
+                   serves=serves, partition=partition,
+                   partitions=partitions if names_partitions else None)
 
     def endpoints(self) -> list[Endpoint]:
         """The public commands it takes (`serves`): from the bus, and from the REST and MCP
         adapters of its process (which send the others over the bus)."""
         handlers = self.handlers()
-        return [Endpoint(subject, handlers[subject], queue=QUEUE, max_workers=CONCURRENCY)
+        return [Endpoint(subject if self.partition is None
+                         else subjects.partitioned(subject, self.partition),
+                         handlers[subject], queue=QUEUE, max_workers=CONCURRENCY)
                 for subject in self._serves]
 
     def handlers(self) -> dict[str, Handler]:
@@ -85,6 +97,9 @@ class GovernanceActor(ActorBase):
             raise UnauthenticatedError("a credential is required")
         principal = await self._directory.principal(hash_token(envelope.token))
         authorise(principal, scope)
+        if self._partitions is not None:
+            reply_header(subjects.PARTITION_HEADER,
+                         partition_of(principal.workspace_id, self._partitions))
         return principal
 
     async def _scope(self, principal: Principal, collection_id: str | None) -> list[str] | None:

@@ -28,7 +28,7 @@ FRONT = "front"
 # in process: two trips through nats-server fewer than from the `front` (docs/DECISIONS.md, "An
 # agent's remember, list and forget are governed beside storage"). Recall is governed beside
 # recall, in the `front`.
-BESIDE_STORAGE = frozenset({subjects.REMEMBER, subjects.LIST, subjects.FORGET})
+BESIDE_STORAGE = frozenset(subjects.BESIDE_STORAGE)
 INDEXING = frozenset({"indexer", "embedder"})  # the `index` group's kinds
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 

@@ -109,7 +109,14 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
     def governance() -> Actor:
         local = recalls | answered(storages.values())
         return GovernanceActor.on_bus(bus("governance", local=local),
-                                      partitions=settings.partitions, serves=governs)
+                                      partitions=settings.partitions, serves=governs,
+                                      names_partitions=bool(settings.routes))
+
+    def partition_governance(partition: str) -> Actor:
+        """In a cluster: the agents' commands sent for a partition this process owns."""
+        return GovernanceActor.on_bus(
+            bus("governance", local=answered([storages[partition]])),
+            partitions=settings.partitions, serves=subjects.BESIDE_STORAGE, partition=partition)
 
     def indexer(partition: str) -> Actor:
         root = settings.text_index(partition)
@@ -174,8 +181,9 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
             f"indexer.{partition}": partial(indexer, partition),
             f"embedder.{partition}": partial(embedder, partition),
         }
+    beside = [partition_governance(p) for p in storages] if settings.routes else []
     return [*([recall] if recall is not None else []),
-            *(make() for name, make in makers.items() if wanted(name))]
+            *(make() for name, make in makers.items() if wanted(name)), *beside]
 
 
 STATELESS = ("cluster", "governance", "reaper", "recall", "space-memories")
@@ -376,12 +384,12 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         await balancer.start()
         stack.push_async_callback(balancer.stop)
     for actor in actors:
-        kind = kind_of(actor.name)
-        if isinstance(actor, GovernanceActor):  # the adapters of this process ask it here
-            # in a cluster, every command: NATS hands a queue group's request to any node's
-            # member alike, so a remember sent to the `store`'s governance was mostly
-            # governed on another node than its partition's (docs/DECISIONS.md, "A
-            # cluster's REST and MCP adapters govern every command in process")
+        if isinstance(actor, GovernanceActor) and actor.partition is None:
+            # the adapters of this process ask it here; in a cluster, every command: NATS
+            # hands a queue group's request to any node's member alike, so a remember sent
+            # to the `store`'s governance was mostly governed on another node than its
+            # partition's (docs/DECISIONS.md, "A cluster's REST and MCP adapters govern
+            # every command in process")
             bus.here.update(actor.handlers() if settings.routes else answered([actor]))
     for kind, router in routers:
         if kind not in brokers:

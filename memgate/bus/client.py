@@ -15,6 +15,7 @@ import nats
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 from nats.aio.client import Client as NatsConnection
+from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
 
 from memgate.bus import subjects
@@ -41,19 +42,44 @@ def _build(model: type[T], **fields: Any) -> T:
         raise validation_failure(exc) from None
 
 
+class Partition:
+    """Where an agent's remember, list and forget go. In a cluster, the reply to a plain one
+    names the agent's partition (`subjects.PARTITION_HEADER`); the next ones are sent for it,
+    to the governance on the node that owns it, saving the trip from another node's
+    (docs/DECISIONS.md, "An agent's commands go to its partition's node")."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+
+    def subject(self, command: str) -> str:
+        if self.name is None or command not in subjects.BESIDE_STORAGE:
+            return command
+        return subjects.partitioned(command, self.name)
+
+    def learn(self, headers: Mapping[str, str] | None) -> None:
+        name = (headers or {}).get(subjects.PARTITION_HEADER)
+        if name is not None and name.isalnum():  # a subject token, never a wildcard
+            self.name = name
+
+
 class BusClient:
     """Request/reply over one NATS connection, decoding `Ok`/`Failure` replies.
 
     `local`: subjects an actor of this process answers (in a `front` process: governance, for
     the REST and MCP adapters; recall, for governance and space-memories). Those requests go to
     its handler with the same bytes, without the two trips through the server, and fail as its
-    reply would; the result comes back as the handler made it."""
+    reply would; the result comes back as the handler made it.
+
+    `partition` (an agent's): commands go to its partition's node once a reply has named it;
+    while nobody answers there (the partition is moving), to any governance."""
 
     def __init__(self, nc: NatsConnection, *, timeout: float = 10.0,
-                 local: Mapping[str, Handler] | None = None) -> None:
+                 local: Mapping[str, Handler] | None = None,
+                 partition: Partition | None = None) -> None:
         self._nc = nc
         self._timeout = timeout
         self._local = dict(local or {})
+        self._partition = partition
 
     @classmethod
     async def connect(cls, url: str, *, name: str, timeout: float = 10.0,
@@ -95,8 +121,7 @@ class BusClient:
             if handler is not None:
                 return await self._here(handler, subject, data, result_type,
                                         timeout or self._timeout)
-            msg = await self._nc.request(subject, data, timeout=timeout or self._timeout,
-                                         headers=headers)
+            msg = await self._sent(subject, data, timeout or self._timeout, headers)
         except NoRespondersError:
             raise UnavailableError("no actor answers on this subject",
                                    {"subject": subject}) from None
@@ -105,6 +130,22 @@ class BusClient:
         except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
             raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
         return decode_reply(msg.data, result_type)
+
+    async def _sent(self, subject: str, data: bytes, timeout: float,
+                    headers: dict[str, str] | None) -> Msg:
+        partition = self._partition
+        if partition is None:
+            return await self._nc.request(subject, data, timeout=timeout, headers=headers)
+        target = partition.subject(subject)
+        try:
+            msg = await self._nc.request(target, data, timeout=timeout, headers=headers)
+        except NoRespondersError:
+            if target == subject:
+                raise
+            partition.name = None  # moving: any governance takes it, and names where it went
+            msg = await self._nc.request(subject, data, timeout=timeout, headers=headers)
+        partition.learn(msg.headers)
+        return msg
 
     async def _here(self, handler: Handler, subject: str, data: bytes, result_type: type[T],
                     timeout: float) -> T:
@@ -179,7 +220,7 @@ class MemgateClient:
 
     def __init__(self, nc: NatsConnection, token: str, *, timeout: float = 10.0) -> None:
         self._nc = nc
-        self._bus = BusClient(nc, timeout=timeout)
+        self._bus = BusClient(nc, timeout=timeout, partition=Partition())
         self._token = token
 
     @classmethod

@@ -20,6 +20,9 @@ from memgate.bus import subjects
 
 PUBLIC_COMMANDS: Final = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET)
 ANY: Final = "*"  # any partition
+# The public commands an agent may also send for its partition (`subjects.partitioned`).
+PARTITIONED_COMMANDS: Final = tuple(subjects.partitioned(command, ANY)
+                                    for command in subjects.BESIDE_STORAGE)
 
 # Where the responses to the agents' commands go: the server maps each to the caller's account.
 SERVICE_REPLIES: Final = "_R_.>"
@@ -88,7 +91,8 @@ ROLES: Final[dict[str, Role]] = {
                  subjects.registry("check_remember"), subjects.registry("verify"),
                  *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
                  subjects.recall_internal(), SERVICE_REPLIES),
-        subscribe=(*PUBLIC_COMMANDS, subjects.PRINCIPALS_CHANGED, _ready("governance"))),
+        subscribe=(*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS, subjects.PRINCIPALS_CHANGED,
+                   _ready("governance"), _ready("governance", partitioned=True))),
     "directory": Role(
         publish=(subjects.NATS_RELOAD, subjects.PRINCIPALS_CHANGED, subjects.registry("scope"),
                  subjects.REAPER_SWEEP,
@@ -215,5 +219,5 @@ def inbox_prefix(kind: str) -> str:
 
 def agent_permissions(inbox_prefix: str) -> dict[str, object]:
     """An agent may send the public commands and read replies on its own inbox, nothing more."""
-    return {"publish": {"allow": list(PUBLIC_COMMANDS)},
+    return {"publish": {"allow": [*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS]},
             "subscribe": {"allow": [f"{inbox_prefix}.>"]}}

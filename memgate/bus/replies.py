@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -62,6 +63,29 @@ def parse(model: type[C], payload: bytes | str | dict[str, object]) -> C:
 
 
 OK_PREFIX = b'{"v":1,"ok":true,"result":'
+
+# The headers of the reply being made, if its subscription sends any (`bus.serving`): a
+# handler adds to them with `reply_header`.
+_REPLY_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("reply_headers", default=None)
+
+
+def reply_header(name: str, value: str) -> None:
+    """A header for the reply to the request being handled (none when asked in process)."""
+    headers = _REPLY_HEADERS.get()
+    if headers is not None:
+        headers[name] = value
+
+
+async def with_headers(handler: Handler, payload: bytes, subject: str
+                       ) -> tuple[bytes, str, dict[str, str]]:
+    """`coded_reply`, and the headers the handler added (`reply_header`)."""
+    headers: dict[str, str] = {}
+    token = _REPLY_HEADERS.set(headers)
+    try:
+        data, code = await coded_reply(handler, payload, subject)
+    finally:
+        _REPLY_HEADERS.reset(token)
+    return data, code, headers
 
 
 def ok_bytes(result: Contract) -> bytes:

@@ -25,7 +25,7 @@ from types import TracebackType
 
 import nkeys
 
-from memgate.bus.logins import PUBLIC_COMMANDS, agent_permissions
+from memgate.bus.logins import PARTITIONED_COMMANDS, PUBLIC_COMMANDS, agent_permissions
 from memgate.bus.lifetime import die_with_parent
 from memgate.tasks import cancelled
 
@@ -116,13 +116,14 @@ def server_config(logins: Sequence[Login], agents: Sequence[AgentKey]) -> str:
                 for login in logins]
     accounts: dict[str, object] = {INTERNAL_ACCOUNT: {
         "jetstream": "enabled", "users": internal,
-        "exports": [{"service": subject} for subject in PUBLIC_COMMANDS]}}
+        "exports": [{"service": subject} for subject in (*PUBLIC_COMMANDS,
+                                                          *PARTITIONED_COMMANDS)]}}
     for agent in agents:
         accounts[agent.account] = {
             "users": [{"nkey": agent.public_key,
                        "permissions": agent_permissions(agent.inbox_prefix)}],
             "imports": [{"service": {"account": INTERNAL_ACCOUNT, "subject": subject}}
-                        for subject in PUBLIC_COMMANDS]}
+                        for subject in (*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS)]}
     return json.dumps({"accounts": accounts, "max_payload": MAX_PAYLOAD}, indent=2)
 
 

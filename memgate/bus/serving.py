@@ -20,8 +20,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
+from memgate.bus import subjects
 from memgate.bus.logins import PUBLIC_COMMANDS
-from memgate.bus.replies import NatsRouter, Endpoint, coded_reply, reply_to, undecoded
+from memgate.bus.replies import NatsRouter, Endpoint, reply_to, undecoded, with_headers
 from memgate.observe import metrics, tracing
 
 log = logging.getLogger("memgate.bus")
@@ -45,7 +46,8 @@ class ReplySubscription:
         self._subscription: Subscription | None = None
         # an agent's command, counted and timed here as the `nats` transport (the adapters'
         # are counted by the adapters)
-        self._public = route.subject in PUBLIC_COMMANDS
+        self._command = subjects.unpartitioned(route.subject)
+        self._public = self._command in PUBLIC_COMMANDS
 
     async def start(self) -> None:
         route = self._route
@@ -55,29 +57,30 @@ class ReplySubscription:
 
     async def _answer(self, msg: Msg) -> None:
         """nats-py awaits this for each message of the subscription, one after the other."""
+        headers: dict[str, str] = {}
         if tracing.on():
             with tracing.served(f"serve {self._route.subject}", msg.headers):
-                data = await self._reply(msg)
+                data, headers = await self._reply(msg)
         elif self._public:
-            data = await self._reply(msg)
+            data, headers = await self._reply(msg)
         else:
             data = await reply_to(self._route.handler, msg.data, msg.subject)
         if not msg.reply:  # published, not requested: nobody waits for an answer
             return
         try:
-            await self._nc.publish(msg.reply, data)
+            await self._nc.publish(msg.reply, data, headers=headers or None)
         except NatsError as exc:  # the connection closed under us: the caller times out
             log.warning("reply on %s not sent: %s", msg.subject, type(exc).__name__)
 
-    async def _reply(self, msg: Msg) -> bytes:
-        """The reply, its outcome on the current span, and an agent's command counted."""
+    async def _reply(self, msg: Msg) -> tuple[bytes, dict[str, str]]:
+        """The reply and its headers, its outcome on the current span, and an agent's command
+        counted."""
         started = time.perf_counter()
-        data, code = await coded_reply(self._route.handler, msg.data, msg.subject)
+        data, code, headers = await with_headers(self._route.handler, msg.data, msg.subject)
         tracing.note({"memgate.code": code})
         if self._public and not (msg.reply or "").startswith(INTERNAL_INBOXES):
-            metrics.command_done(self._route.subject, "nats", code,
-                                 time.perf_counter() - started)
-        return data
+            metrics.command_done(self._command, "nats", code, time.perf_counter() - started)
+        return data, headers
 
     async def _dispatch(self, msg: Msg) -> None:
         """Hand the message to a task once a slot is free (until then, later messages wait in

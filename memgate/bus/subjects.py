@@ -12,6 +12,23 @@ REMEMBER: Final = "mem.cmd.remember"
 RECALL: Final = "mem.cmd.recall"
 LIST: Final = "mem.cmd.list"
 FORGET: Final = "mem.cmd.forget"
+# The commands governed beside storage. In a cluster each may also be sent for a partition
+# (`partitioned`): to the governance on the node that owns it, whose node a plain command's
+# reply names in this header (docs/DECISIONS.md, "An agent's commands go to its partition's
+# node").
+BESIDE_STORAGE: Final = (REMEMBER, LIST, FORGET)
+PARTITION_HEADER: Final = "Memgate-Partition"
+
+
+def partitioned(command: str, partition: str) -> str:
+    """A command of `BESIDE_STORAGE` for `partition` (`mem.cmd.p3.remember`; `*`: any)."""
+    return command.replace("mem.cmd.", f"mem.cmd.{partition}.", 1)
+
+
+def unpartitioned(subject: str) -> str:
+    """The command a subject carries, its partition dropped (`mem.cmd.remember`)."""
+    parts = subject.split(".")
+    return ".".join((*parts[:2], parts[3])) if len(parts) == 4 and parts[1] == "cmd" else subject
 
 ADMIN_PREFIX: Final = "mem.admin"
 SPACE_PREFIX: Final = "mem.space"  # memory-space routes (SPEC §4), member token in the envelope
