@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from memgate import MemgateClient
 from tests.conftest import ADMIN_TOKEN, eventually, free_port
 from tests.test_processes import alive, children, healthy
 
@@ -212,3 +213,14 @@ async def until(check: Callable[[], Awaitable[bool]], within_s: float) -> float:
         assert time.monotonic() - started < within_s, f"not within {within_s} s"
         await asyncio.sleep(0.2)
     return time.monotonic() - started
+
+
+async def nats_agent(url: str, token: str, login: dict[str, str]) -> MemgateClient:
+    """An agent on NATS through the node at `url`, once that node has loaded its login."""
+    for _ in range(60):
+        try:
+            return await MemgateClient.connect(url, token, nats_seed=login["seed"],
+                                               inbox_prefix=login["inboxPrefix"], timeout=5.0)
+        except Exception:  # the node has not loaded the new login yet
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"the agent's login never worked on {url}")

@@ -16,7 +16,6 @@ import httpx
 import nats
 import pytest
 
-from memgate import MemgateClient
 from memgate.app.logins import internal_logins
 from memgate.app.settings import Settings
 from memgate.bus import subjects
@@ -24,7 +23,7 @@ from memgate.bus.logins import inbox_prefix
 from memgate.cluster.lease import BUCKET, holder, lease_bucket
 from memgate.cluster.ownership import HOMES, SINGLE_WRITERS, home_of, homes_bucket
 from tests.cluster import (
-    ADMIN, EVERY_OTHER, NODES, RESUME_WITHIN_S, STANDBYS, cluster_stores, in_sync,
+    ADMIN, EVERY_OTHER, NODES, RESUME_WITHIN_S, STANDBYS, cluster_stores, in_sync, nats_agent,
     start_cluster, until,
 )
 from tests.conftest import ADMIN_TOKEN, close_nats, eventually, free_port
@@ -161,7 +160,7 @@ async def test_three_nodes_one_cluster_one_owner_each_and_writes_read_through_an
                                      headers=ADMIN)).json()
         agents = []
         for _, _, url in nodes:
-            agents.append(await _eventually_connected(url, token, login_made))
+            agents.append(await nats_agent(url, token, login_made))
         stored = await agents[2].remember("n", "the gate code changes on Mondays")
         listed_ids = {m.memory_id for m in (await agents[1].list(namespace="n")).memories}
         assert listed_ids == {memory_id, stored.memory_id}
@@ -225,27 +224,8 @@ async def erased_on_their_homes(one: httpx.AsyncClient, two: httpx.AsyncClient, 
     assert nodes["traces_logs"] == []
 
 
-async def _eventually_connected(url: str, token: str,
-                                login: dict[str, str]) -> MemgateClient:
-    for _ in range(60):
-        if (agent := await _agent_on(url, token, login)) is not None:
-            return agent
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"the agent's login never worked on {url}")
-
-
 def _none() -> object:
     raise AssertionError("no lease")
-
-
-async def _agent_on(url: str, token: str, login: dict[str, str]) -> MemgateClient | None:
-    try:
-        return await MemgateClient.connect(url, token, nats_seed=login["seed"],
-                                           inbox_prefix=login["inboxPrefix"], timeout=5.0)
-    except Exception:  # the node has not loaded the new login yet
-        return None
-
-
 
 
 async def test_a_standby_node_killed_outright_leaves_the_owner_writing_and_copies_again(

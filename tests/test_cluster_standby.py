@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from memgate import MemgateClient
 from memgate.actors.embedder import URGENT_MAX
+from memgate.contracts.errors import UnavailableError
 from tests.cluster import (
-    RESUME_WITHIN_S, STANDBYS, Agent, Node, agent_in_a_new_workspace, cluster_stores, in_sync,
-    start_cluster, until,
+    ADMIN, RESUME_WITHIN_S, STANDBYS, Agent, Node, agent_in_a_new_workspace, answered,
+    cluster_stores, in_sync, nats_agent, start_cluster, until,
 )
 from tests.conftest import eventually
+from tests.test_metrics import scrape, value
 from tests.test_processes import children, healthy
 
 pytestmark = pytest.mark.timeout(420)
@@ -47,6 +50,13 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         for i in range(3 * URGENT_MAX):
             assert await idle.remember(home, f"the courier left parcel {i} at the loading dock")
         await eventually(lambda: recalled(idle, home, "a delivery"), timeout=30)
+        # the same agent on NATS through the other survivor: sent to the partition's node
+        login = await answered(lambda: home.http.post(
+            "/api/admin/nats-agents", json={"name": "bot"}, headers=ADMIN))
+        on_nats = await nats_agent(f"nats://127.0.0.1:{survivors[1].nats_port}",
+                                   agent.headers["Authorization"].removeprefix("Bearer "), login)
+        for i in range(3):
+            assert await remembered_on_nats(agent, on_nats, f"on NATS before {i}")
 
         # kill -9 of the whole node mid-load through a survivor
         stop = asyncio.Event()
@@ -64,6 +74,17 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         await load
         print(f"writes resumed {moved_s:.1f} s after the kill")
         assert moved_s <= RESUME_WITHIN_S
+
+        # the agent on NATS, sent to the lost node's partition, finds where it went: every
+        # later command is governed on the new home's node
+        await until(lambda: remembered_on_nats(agent, on_nats, "on NATS after"), 10)
+        moved_to = (await cluster_stores(survivors[0]))["storage.p0"]["home"]
+        new_home = next(n for n in survivors if n.name == moved_to)
+        governed = await on_nats_governed(new_home)
+        for i in range(5):
+            assert await remembered_on_nats(agent, on_nats, f"on NATS after {i}")
+        assert await on_nats_governed(new_home) - governed == 5
+        await on_nats.close()
 
         # every acknowledged memory, once, through either survivor
         for survivor in survivors:
@@ -90,6 +111,23 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
     finally:
         for one_node in nodes:
             await one_node.stop()
+
+
+async def remembered_on_nats(agent: Agent, on_nats: MemgateClient, text: str) -> bool:
+    """`text` remembered through the agent's NATS client, counted as the agent's."""
+    agent.sent.add(text)
+    try:
+        stored = await on_nats.remember("n", text)
+    except UnavailableError:
+        return False
+    agent.acked[stored.memory_id] = text
+    return True
+
+
+async def on_nats_governed(node: Node) -> float:
+    """The remembers from agents on NATS that the node's governance answered."""
+    return value(await scrape(node.http), "memgate_commands_total", command="remember",
+                 transport="nats", code="OK")
 
 
 async def recalled(agent: Agent, through: Node, query: str) -> bool:
