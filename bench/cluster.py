@@ -348,7 +348,9 @@ async def single(args: argparse.Namespace) -> dict[str, float]:
 
 async def clustered(args: argparse.Namespace) -> tuple[dict[str, float],
                                                        list[dict[str, float]], dict[str, float]]:
-    with tempfile.TemporaryDirectory(prefix="memgate-bench-cluster-") as tmp:
+    prefix = "memgate-bench-cluster-"
+    with (contextlib.nullcontext(tempfile.mkdtemp(prefix=prefix)) if args.keep
+          else tempfile.TemporaryDirectory(prefix=prefix)) as tmp:
         print(f"bench.cluster: nodes' data and logs under {tmp}", file=sys.stderr)
         async with three_nodes(Path(tmp)) as nodes:
             first = Running(nodes[0].nats_url, "", nodes[0].http, nodes[0].data_dir)
@@ -370,6 +372,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the nodes' data and logs (deleted by default)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="failover rounds (0: none)")
