@@ -110,7 +110,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         local = recalls | answered(storages.values())
         return GovernanceActor.on_bus(bus("governance", local=local),
                                       partitions=settings.partitions, serves=governs,
-                                      names_partitions=bool(settings.routes))
+                                      names_partitions=bool(settings.routes) and not
+                                      set(governs).isdisjoint(subjects.BESIDE_STORAGE))
 
     def partition_governance(partition: str) -> Actor:
         """In a cluster: the agents' commands sent for a partition this process owns."""
