@@ -16,11 +16,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
+import pytest
 import tantivy
 
 from memgate.actors.reaper import ReaperActor
 from memgate.app.ram import text_index_root
 from memgate.bus.connections import KindConnections
+from memgate.contracts.errors import MemgateError, NotFoundError
 from tests.agents import Agent
 from tests.conftest import Member, Memgate, eventually, run_memgate
 from tests.test_registry import collection, put_document
@@ -189,6 +191,34 @@ async def test_forget_by_id(tmp_path: Path) -> None:
 
 
     await erased(tmp_path, remember_one, forget)
+
+
+async def test_a_forget_asked_again_answers_once_the_first_tries_bytes_are_gone(
+        tmp_path: Path) -> None:
+    """A first try deletes the row but its file's rewrite fails (here a directory stands where
+    the fresh copy goes; in a cluster, a standby record that cannot be written answers 503 the
+    same way): that try answers an error, and the row is still in the file's bytes. Asked
+    again, the forget finds nothing: its 404 comes only once the file is rewritten."""
+    async with AsyncExitStack() as stack:
+        memgate = await start(tmp_path, stack)
+        agent = await memgate.agent("rest", await memgate.credential(await memgate.workspace()))
+        word = canary()
+        memory_id = (await agent.remember("notes", f"the vault word is {word}")).memory_id
+        store = memgate.settings.data_dir / "partitions" / "p0" / "memories.duckdb"
+
+        def in_the_store() -> list[str]:
+            return [f for f in hits(store.parent, needles(word)) if "memories.duckdb" in f]
+
+        blocker = store.with_name(store.name + ".compact")
+        blocker.mkdir()
+        with pytest.raises(MemgateError) as failed:
+            await agent.forget(memory_id=memory_id)
+        assert not isinstance(failed.value, NotFoundError)
+        assert in_the_store(), "the failed rewrite left the row's bytes"
+        blocker.rmdir()
+        with pytest.raises(NotFoundError):
+            await agent.forget(memory_id=memory_id)
+        assert in_the_store() == []
 
 
 async def test_forget_of_a_conversation_turn(tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ class EmbedderActor(ActorBase):
         # below it still without a vector gets it from no event (its file lost, or made again)
         self._evented = 0
         self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
-                                        f"{self.name}.vectors")
+                                        f"{self.name}.vectors",
+                                        pending=lambda: self.vectors.deletions_pending)
         self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)
@@ -221,7 +222,7 @@ class EmbedderActor(ActorBase):
         self._evented = max(self._evented, *stored.values(), 0)
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
-        await self.compacted()  # acked (and so done) once the vectors left the file
+        await self._compactions.settled()  # acked (and so done) once the vectors left the file
 
     async def _remove(self, owner: Owner, ids: list[str]) -> int:
         """Delete these versions' vectors and forget them; how many vectors there were."""
@@ -234,14 +235,9 @@ class EmbedderActor(ActorBase):
     async def drop(self, payload: bytes) -> SubjectCount:
         """For an erasure: the versions' vectors gone now, from the file and from memory."""
         request = parse(Drop, payload)
-        count = await self._remove(request.owner, request.memory_ids)
-        await self.compacted()
+        async with self._compactions.deleting():
+            count = await self._remove(request.owner, request.memory_ids)
         return SubjectCount(count=count, node=fence.node())
-
-    async def compacted(self) -> None:
-        """Once every vector deleted so far has left the file's bytes."""
-        if self.vectors.deletions_pending:
-            await self._compactions.after_deletion()
 
     async def _embedded(self, owner: Owner, catalog: Catalog) -> None:
         """Read-your-writes by meaning (SPEC §3.5): every version the catalog holds has its

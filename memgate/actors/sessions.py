@@ -154,7 +154,8 @@ class SessionsActor(ActorBase):
         self._purge_after = timedelta(seconds=purge_after_s)
         self._serial = Serial(self.name)
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
+                                        pending=lambda: self.store.deletions_pending)
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._running = asyncio.Lock()
         self._ticker: asyncio.Task[None] | None = None
@@ -268,14 +269,9 @@ class SessionsActor(ActorBase):
             for kind in ("soft_delete", "extract_memories"):
                 self._retries.pop((session_id, kind), None)
 
-        await self._serial(apply)
-        await self._compacted()
+        async with self._compactions.deleting():  # also a try that finds nothing now
+            await self._serial(apply)
         return Done()
-
-    async def _compacted(self) -> None:
-        """Once every deletion committed so far has left the file's bytes (SPEC §5.4)."""
-        if self.store.deletions_pending:
-            await self._compactions.after_deletion()
 
     # --- events ---
 
@@ -353,8 +349,8 @@ class SessionsActor(ActorBase):
             return self.store.edit(row, event, masked, max(now, event.updated_at + TICK),
                                    member_id=access.member_id)
 
-        edited = await self._serial(apply)
-        await self._compacted()  # the old body leaves the file's bytes
+        async with self._compactions.deleting():  # the old body leaves the file's bytes
+            edited = await self._serial(apply)
         return _event_view(edited)
 
     # --- erasure (SPEC §5.2, layer 3: conversation logs) ---
@@ -368,8 +364,8 @@ class SessionsActor(ActorBase):
             return SubjectCount(count=0)
         subject_id = canonical_id(target.external_id)
         operation = self.store.erase_subject if target.erase else self.store.of_subject
-        records = await self._serial(operation, target.tenant, subject_id)
-        await self._compacted()
+        async with self._compactions.deleting():
+            records = await self._serial(operation, target.tenant, subject_id)
         for record in records:
             for kind in ("soft_delete", "extract_memories"):
                 self._retries.pop((record, kind), None)
@@ -386,8 +382,8 @@ class SessionsActor(ActorBase):
                 if row.tenant == gone.tenant:
                     self.store.delete(row, now)
 
-        await self._serial(apply)
-        await self._compacted()
+        async with self._compactions.deleting():
+            await self._serial(apply)
         return Done()
 
     # --- the lifecycle scheduler ---
@@ -430,7 +426,7 @@ class SessionsActor(ActorBase):
                 return []
             now = self._clock()
             if await self._serial(self._purge_hidden, now):
-                await self._compacted()
+                await self._compactions.settled()
             ran: list[tuple[str, str]] = []
             for session_id, strategy in await self._serial(self._due, now):
                 if strategy.type == "soft_delete":

@@ -84,7 +84,8 @@ class SpacesActor(ActorBase):
         self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
+                                        pending=lambda: self.store.deletions_pending)
 
     async def start(self) -> None:
         self.store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))
@@ -164,11 +165,10 @@ class SpacesActor(ActorBase):
         deleted, off the file's bytes, if every add about it was refused."""
         settled = parse(EntitySettled, payload)
         ids = settled.entity
-        await self._serial(partial(self.store.settle, settled.space_id,
-                                   (ids.user_id, ids.agent_id, ids.run_id),
-                                   stored=settled.stored))
-        if self.store.deletions_pending:
-            await self._compactions.after_deletion()
+        async with self._compactions.deleting():
+            await self._serial(partial(self.store.settle, settled.space_id,
+                                       (ids.user_id, ids.agent_id, ids.run_id),
+                                       stored=settled.stored))
         return Done()
 
     async def entities(self, payload: bytes) -> Entities:

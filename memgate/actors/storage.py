@@ -108,7 +108,8 @@ class StorageActor(ActorBase):
                                                         cap=GROUP_CAP, name=self.name)
         self._events_subject = subjects.memory_events(partition)
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name)
+        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
+                                        pending=lambda: self.store.deletions_pending)
         self._relay = OutboxRelay(publisher, prefix=partition, pending=self._pending_events,
                                   sent=self._events_sent)
 
@@ -315,20 +316,14 @@ class StorageActor(ActorBase):
 
     def _compacting(self, handler: Callable[[bytes], Awaitable[C]]
                     ) -> Callable[[bytes], Awaitable[C]]:
-        """`handler`, answering once what it deleted has left the file."""
+        """`handler`, answering once what it deleted has left the file: also when it failed
+        or found nothing (`Compactions.settled`)."""
         async def compacting(payload: bytes) -> C:
-            result = await handler(payload)
-            await self.compacted()
-            return result
+            async with self._compactions.deleting():
+                return await handler(payload)
 
         compacting.__name__ = handler.__name__
         return compacting
-
-    async def compacted(self) -> None:
-        """Once every deletion committed so far has left the file's bytes (a no-op when there
-        was none since the last rewrite)."""
-        if self.store.deletions_pending:
-            await self._compactions.after_deletion()
 
     def _delete(self, tenant: str, subject_id: str | None, **conditions: Any) -> list[str]:
         def event(owner: str, ids: list[str]) -> bytes:
@@ -368,7 +363,7 @@ class StorageActor(ActorBase):
                         cascades.append({"cited_documents": event.document_ids})
                 for conditions in cascades:
                     await self._serial(partial(self._delete, tenant, None, **conditions))
-            await self.compacted()  # acked (and so done) once the bytes are gone
+            await self._compactions.settled()  # acked (and so done) once the bytes are gone
         finally:
             self._relay.wake()
 

@@ -6,13 +6,19 @@ file, so deletions share one: a run, queued on the owner's `Serial` thread behin
 every deletion that finished before it started. Deletions that finish while a run is queued (a
 burst of forgets, the 5,000 memories of an erasure) join it; one that finishes after the run has
 started waits for the next. No timer: an idle store compacts at once, a busy one in batches.
+
+An answer that deletes waits for `settled`, whatever the handler did: a try whose rows were
+deleted but whose answer failed (its rewrite failed, or a cluster's standby record could not be
+written: a 503) leaves them in the file until then, and the same request asked again finds
+nothing (a 404) yet must not be answered before they are gone (SPEC §5.4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from memgate.runtime.actor import Serial
 
@@ -26,14 +32,31 @@ class _Run:
 
 
 class Compactions:
-    """Compactions of one file, run on its owner's serial thread by `compact`."""
+    """Compactions of one file, run on its owner's serial thread by `compact`; `pending`:
+    whether rows were deleted since the last one."""
 
-    def __init__(self, serial: Serial, compact: Callable[[], None], name: str) -> None:
+    def __init__(self, serial: Serial, compact: Callable[[], None], name: str, *,
+                 pending: Callable[[], bool]) -> None:
         self._serial = serial
         self._compact = compact
+        self._pending = pending
         self._name = name
         self._queued: _Run | None = None
         self.runs = 0  # completed, for tests and benches
+
+    async def settled(self) -> None:
+        """Once every deletion committed so far has left the file's bytes (a no-op when there
+        was none since the last rewrite)."""
+        if self._pending():
+            await self.after_deletion()
+
+    @asynccontextmanager
+    async def deleting(self) -> AsyncIterator[None]:
+        """Around an answer that deletes: `settled` when it is done, failed or not."""
+        try:
+            yield
+        finally:
+            await self.settled()
 
     async def after_deletion(self) -> None:
         """Return once a compaction that started after this call (so after every deletion

@@ -161,7 +161,7 @@ async def test_deletions_waiting_together_share_one_compaction() -> None:
         started.set()
         release.wait(5)
 
-    compactions = Compactions(serial, lambda: None, "test")
+    compactions = Compactions(serial, lambda: None, "test", pending=lambda: True)
     busy = asyncio.ensure_future(serial(deleting))
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
     waiting = [asyncio.ensure_future(compactions.after_deletion()) for _ in range(10)]
