@@ -1,0 +1,111 @@
+"""A standby's copy holds what its owner's file holds when the statements it applies were made
+fewer (`replication.merged`): a real memory store's writes, recorded as an owner records them,
+applied to a copy of its file at once (as a standby applies what a tenth of a second brought)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+
+from memgate.cluster import replication
+from memgate.storage import Filters, MemoryStore, Remember
+from memgate.storage import compaction
+from memgate.storage.vectors import VectorStore
+
+pytestmark = pytest.mark.unit
+
+TABLES = ("memories", "outbox", "relayed", "remember_log")
+
+
+def remember(text: str, key: str | None = None) -> Remember:
+    return Remember(Filters("ws", "member", "notes", key, None), memory_id=str(uuid.uuid4()),
+                    credential_id="cred", text=text, retention_days=30)
+
+
+def rows(db: duckdb.DuckDBPyConnection, table: str) -> list[tuple[Any, ...]]:
+    return db.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+
+
+def statements_of(units: list[replication.Unit]) -> list[tuple[str, list[Any]]]:
+    found = []
+    for _, statements in units:
+        assert isinstance(statements, list)
+        found += statements
+    return found
+
+
+def test_a_copy_given_the_merged_statements_holds_what_the_owner_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replication, "_root", tmp_path.resolve())  # this process records
+    owner, copy = tmp_path / "memories.duckdb", tmp_path / "copy" / "memories.duckdb"
+    store = MemoryStore(owner)
+    store.connection.execute("CHECKPOINT")
+    copy.parent.mkdir()
+    shutil.copy(owner, copy)  # the full copy a standby starts from
+
+    units: list[replication.Unit] = []
+    groups = [[remember("one")], [remember("two", key="k")], [remember("three", key="k")],
+              [remember(f"many {n}") for n in range(5)],  # columns unnested, not rows
+              [remember("four")], [remember("five", key="k"), remember("six")]]
+    for group in groups:
+        outcomes, exc, committed = replication.journaled(store.remember_group, group)
+        assert exc is None and not any(isinstance(o, Exception) for o in outcomes or [])
+        units += committed
+    _, exc, committed = replication.journaled(
+        lambda: store.delete("ws", "member", memory_id=groups[0][0].memory_id,
+                             event_subject="memories", event=lambda owner, ids: b"{}"))
+    assert exc is None
+    units += committed
+    _, exc, committed = replication.journaled(store.events_sent, 10_000)
+    units += committed
+    for group in ([remember("seven")], [remember("eight")]):
+        _, exc, committed = replication.journaled(store.remember_group, group)
+        units += committed
+
+    statements = statements_of(units)
+    fewer = replication.merged(statements)
+    assert len(fewer) < len(statements)
+    standby = compaction.plain(copy)
+    standby.begin()
+    for sql, parameters in fewer:
+        standby.execute(sql, parameters) if parameters else standby.execute(sql)
+    standby.commit()
+    for table in TABLES:
+        assert rows(standby, table) == rows(store.connection, table), table
+    store.close()
+    standby.close()
+
+
+def test_vectors_put_one_after_another_are_put_as_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedder's vectors (columns unnested, blobs among them) made one statement."""
+    monkeypatch.setattr(replication, "_root", tmp_path.resolve())
+    owner, copy = tmp_path / "vectors.duckdb", tmp_path / "copy" / "vectors.duckdb"
+    vectors = VectorStore(owner)
+    vectors.connection.execute("CHECKPOINT")
+    copy.parent.mkdir()
+    shutil.copy(owner, copy)
+    units: list[replication.Unit] = []
+    for n in range(4):
+        ids = [str(uuid.uuid4()) for _ in range(n + 1)]
+        matrix = np.full((n + 1, 384), n, dtype=np.float32)
+        _, exc, committed = replication.journaled(
+            vectors.put, ids, [("ws", "member")] * (n + 1), matrix)
+        assert exc is None
+        units += committed
+    statements = statements_of(units)
+    fewer = replication.merged(statements)
+    assert len(fewer) == 1 < len(statements)
+    standby = compaction.plain(copy)
+    standby.begin()
+    for sql, parameters in fewer:
+        standby.execute(sql, parameters)
+    standby.commit()
+    assert rows(standby, "vectors") == rows(vectors.connection, "vectors")
+    assert len(rows(standby, "vectors")) == 10
