@@ -22,7 +22,7 @@ from tests.cluster import (
 )
 from tests.conftest import eventually
 from tests.test_metrics import scrape, value
-from tests.test_processes import children, healthy
+from tests.test_processes import alive, children, healthy
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -111,6 +111,44 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
     finally:
         for one_node in nodes:
             await one_node.stop()
+
+
+async def test_a_standby_whose_process_started_again_keeps_its_copy_and_takes_the_store_over(
+        tmp_path: Path) -> None:
+    """The `store` process of the node keeping a store's only in-sync copy stops and starts
+    again (as one does that lost a lease of its own: in `bench.cluster`, the kill of another
+    node cost it its leases while the bucket's leader was elected). Its owner shipped nothing
+    meanwhile, so the copy is still in sync and kept; the owner then killed outright, it takes
+    the store over, losing nothing. Before, the process deleted the copy as it started, no copy
+    was left in sync, and the store waited for its dead owner (300 s in the bench)."""
+    nodes, agent = await start_cluster(tmp_path)
+    try:
+        await eventually(lambda: in_sync(nodes[0], ["storage.p0"], STANDBYS), timeout=60)
+        stores = await cluster_stores(nodes[0])
+        home = next(n for n in nodes if n.name == stores["storage.p0"]["home"])
+        [keeper] = [n for n in nodes if n.name in stores["storage.p0"]["inSync"]]
+        third = next(n for n in nodes if n not in (home, keeper))
+        for i in range(10):
+            assert await agent.remember(home, f"before {i}")
+        await eventually(lambda: recalled(agent, home, "before 3"), timeout=30)  # settled
+
+        stopped = _store_process(keeper)
+        os.kill(stopped, signal.SIGTERM)  # its supervisor starts it again
+        await eventually(lambda: not_alive(stopped), timeout=60)
+        await home.kill()
+        resumed_s = await until(lambda: agent.remember(third, "after"), RESUME_WITHIN_S + 10)
+        print(f"writes resumed {resumed_s:.1f} s after the kill")
+        assert resumed_s <= RESUME_WITHIN_S
+        assert (await cluster_stores(third))["storage.p0"]["home"] == keeper.name
+        for survivor in (keeper, third):
+            await agent.all_kept(survivor)
+    finally:
+        for one_node in nodes:
+            await one_node.stop()
+
+
+async def not_alive(pid: int) -> bool:
+    return not alive(pid)
 
 
 async def remembered_on_nats(agent: Agent, on_nats: MemgateClient, text: str) -> bool:

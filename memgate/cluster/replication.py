@@ -68,6 +68,7 @@ WATCH_EVERY_S = 0.5  # how often a standby looks at its owner's lease and its ow
 FOLLOW_EVERY_S = 2.0  # how often a rebuilt store looks where its partition is
 HANDOVER_S = 3.0  # how long the standby a drain names has to take the store over alone
 RESTART_S = 12.0  # how long a process that gave its leases up has to claim them back
+KEPT_CHECK_S = 15.0  # how long a copy kept across a restart waits to read its store's record
 WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
 PENDING_AT_MOST = 2_000  # units a standby holds unapplied before it applies them as they come
 # How long a standby holds what it answered for before applying it, with all that arrives
@@ -784,6 +785,7 @@ class Standby:
         self._pending: list[Unit] = []  # received in order and answered, not yet applied
         self._applying = asyncio.Lock()
         self._drain_task: asyncio.Task[None] | None = None
+        self._kept: tuple[int, int] | None = None  # (epoch, seq) of a copy left in step
 
     def endpoints(self) -> list[Endpoint]:
         if rebuilt(self.store):
@@ -791,7 +793,9 @@ class Standby:
         return [Endpoint(subject(self.store, f"apply.{self._node}"), self.apply)]
 
     async def start(self) -> None:
-        await self._discard()  # stale: never served, never promoted from
+        self._kept = await self._thread(self._take_mark)
+        if self._kept is None:
+            await self._discard()  # stale: never served, never promoted from
         _standbys[self.store] = self
         self._task = asyncio.create_task(self._follow(), name=self.name)
 
@@ -801,12 +805,73 @@ class Standby:
         self._pulling = epoch
 
     async def stop(self) -> None:
+        """A copy in step is left with every batch it answered for applied and marked so
+        (`_check_kept`); any other is deleted when this process starts again."""
         if _standbys.get(self.store) is self:
             del _standbys[self.store]
-        await cancelled(self._task, self._drain_task)
-        self._pending.clear()  # the copy is deleted when this process starts again
+        epoch, self._epoch = self._epoch, 0  # from here on every batch is refused
+        await cancelled(self._task)
+        if self._drain_task is not None:
+            await asyncio.gather(self._drain_task, return_exceptions=True)
+        in_step = bool(epoch) and self._copied and not rebuilt(self.store)
+        if in_step:
+            try:
+                await self.drained()
+            except Exception:
+                in_step = False
+        self._pending.clear()
         await self._thread(self._close)
+        if in_step:
+            await self._thread(self._mark, epoch, self._seq)
         self._thread.shutdown()
+
+    def _mark_path(self) -> Path:
+        return self._root / "replicas" / "kept" / f"{self.store}.json"
+
+    def _mark(self, epoch: int, seq: int) -> None:
+        path = self._mark_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, json.dumps({"epoch": epoch, "seq": seq}).encode(), append=False)
+
+    def _take_mark(self) -> tuple[int, int] | None:
+        """The mark a stop left, read once (a later start without a stop finds none)."""
+        path = self._mark_path()
+        try:
+            mark = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        finally:
+            path.unlink(missing_ok=True)
+        return int(mark["epoch"]), int(mark["seq"])
+
+    async def _check_kept(self, epoch: int, seq: int) -> None:
+        """The copy this node's process left in step when it stopped is kept if the store's
+        record still names this node in sync under that epoch: its owner shipped nothing
+        since (a batch sent to a process that is gone fails, and the owner records it out of
+        sync before it answers anyone). Then it may be promoted at once, should its owner be
+        gone too: a process that stops while its node keeps a store's only in-sync copy
+        (one that lost a lease of its own, say) no longer leaves the store waiting for its
+        owner. Otherwise, or if the record cannot be read in `KEPT_CHECK_S`, it is deleted."""
+        record: InSync | None = None
+        deadline = time.monotonic() + KEPT_CHECK_S
+        while True:
+            try:
+                record = await in_sync(await standbys_bucket(self._js(), replicas=self._replicas),
+                                       self.store)
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log.info("%s: its record could not be read (%s)", self.name, _reason(exc))
+                    break
+                await asyncio.sleep(WATCH_EVERY_S)
+        self._kept = None
+        if record is None or record.epoch != epoch or self._node not in record.nodes:
+            await self._discard()
+            return
+        await self._thread(self._open)
+        self._epoch, self._seq, self._copied = epoch, seq, True
+        log.info("%s: kept its copy, in sync with its owner (epoch %s, batch %s)", self.name,
+                 epoch, seq)
 
     async def _discard(self) -> None:
         """The copy deleted, with what was received for it and not yet applied."""
@@ -827,6 +892,7 @@ class Standby:
         self._close()
         self._epoch, self._seq = 0, 0
         self._copied = False
+        self._mark_path().unlink(missing_ok=True)
         for path in self._paths():
             for stale in (path, path.with_name(path.name + ".wal"),
                           path.with_name(path.name + ".compact"),
@@ -921,6 +987,8 @@ class Standby:
 
     async def _follow(self) -> None:
         """Join, then watch: promote when the owner is gone, copy again when out of step."""
+        if self._kept is not None:
+            await self._check_kept(*self._kept)
         while True:
             try:
                 if await self._watch():
@@ -1074,6 +1142,7 @@ class Standby:
             # again, on the same copy, unless another node took the lease meanwhile
             log.warning("%s: could not serve it here (%s)", self.store, type(exc).__name__)
             return False
+        self._epoch, self._copied = 0, False  # the store's files now: no copy to keep
         return True
 
 
