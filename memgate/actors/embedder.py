@@ -90,9 +90,8 @@ class EmbedderActor(ActorBase):
         # the newest version (its partition-wide seq) whose event was applied: a version at or
         # below it still without a vector gets it from no event (its file lost, or made again)
         self._evented = 0
-        self._compactions = Compactions(self._store_thread, lambda: self.vectors.compact(),
-                                        f"{self.name}.vectors",
-                                        pending=lambda: self.vectors.deletions_pending)
+        self._compactions = Compactions(self._store_thread, lambda: self.vectors,
+                                        f"{self.name}.vectors")
         self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
         self._events = bus.consumer(subjects.memory_events(partition), f"embedder-{partition}",
                                     self.on_events, batch_size=EVENT_BATCH)

@@ -154,8 +154,7 @@ class SessionsActor(ActorBase):
         self._purge_after = timedelta(seconds=purge_after_s)
         self._serial = Serial(self.name)
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
-                                        pending=lambda: self.store.deletions_pending)
+        self._compactions = Compactions(self._serial, lambda: self.store, self.name)
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._running = asyncio.Lock()
         self._ticker: asyncio.Task[None] | None = None

@@ -84,8 +84,7 @@ class SpacesActor(ActorBase):
         self._llm_origins = tuple(llm_origins)
         self._serial = Serial("spaces")
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
-                                        pending=lambda: self.store.deletions_pending)
+        self._compactions = Compactions(self._serial, lambda: self.store, self.name)
 
     async def start(self) -> None:
         self.store = await self._serial(partial(SpaceStore, self._path, quota=self._quota))

@@ -108,8 +108,7 @@ class StorageActor(ActorBase):
                                                         cap=GROUP_CAP, name=self.name)
         self._events_subject = subjects.memory_events(partition)
         self._dumps = dumps(self, self._serial)  # backups
-        self._compactions = Compactions(self._serial, lambda: self.store.compact(), self.name,
-                                        pending=lambda: self.store.deletions_pending)
+        self._compactions = Compactions(self._serial, lambda: self.store, self.name)
         self._relay = OutboxRelay(publisher, prefix=partition, pending=self._pending_events,
                                   sent=self._events_sent)
 

@@ -245,7 +245,8 @@ def journaled(fn: Callable[..., R], *args: object) -> tuple[R | None, BaseExcept
 # --- applying, on a standby's thread ---------------------------------------------------------
 
 MERGED_AT_MOST = 64  # statements made one by `merged`
-_NOT_PLAIN = ("SELECT", "ON CONFLICT", "RETURNING", " FROM ", " WHERE ")
+# what an INSERT made one with another may not hold (a conflict or a query between its rows)
+_NOT_MERGED = ("ON CONFLICT", "RETURNING", " FROM ", " WHERE ")
 
 
 def _rows(sql: str) -> tuple[str, str] | None:
@@ -253,7 +254,7 @@ def _rows(sql: str) -> tuple[str, str] | None:
     and the rows."""
     head, found, rows = sql.partition(" VALUES ")
     if not found or not head.lstrip().upper().startswith("INSERT INTO") or any(
-            word in rows.upper() for word in _NOT_PLAIN):
+            word in rows.upper() for word in ("SELECT", *_NOT_MERGED)):
         return None
     return head, rows
 
@@ -263,7 +264,7 @@ def _unnested(sql: str, parameters: list[Any]) -> bool:
     them: the rows of two such are their lists end to end."""
     upper = sql.upper()
     return (upper.lstrip().startswith("INSERT INTO") and " SELECT " in upper
-            and not any(word in upper for word in _NOT_PLAIN[1:])
+            and not any(word in upper for word in _NOT_MERGED)
             and sql.count("?") == upper.count("UNNEST(?") == len(parameters)
             and all(isinstance(p, list) for p in parameters))
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from memgate.runtime.actor import Serial
+from memgate.storage.compaction import Rewritable
 
 log = logging.getLogger("memgate.compaction")
 
@@ -32,14 +33,12 @@ class _Run:
 
 
 class Compactions:
-    """Compactions of one file, run on its owner's serial thread by `compact`; `pending`:
-    whether rows were deleted since the last one."""
+    """Compactions of the file of `store` (the store open now), run on its owner's serial
+    thread."""
 
-    def __init__(self, serial: Serial, compact: Callable[[], None], name: str, *,
-                 pending: Callable[[], bool]) -> None:
+    def __init__(self, serial: Serial, store: Callable[[], Rewritable], name: str) -> None:
         self._serial = serial
-        self._compact = compact
-        self._pending = pending
+        self._store = store
         self._name = name
         self._queued: _Run | None = None
         self.runs = 0  # completed, for tests and benches
@@ -47,7 +46,7 @@ class Compactions:
     async def settled(self) -> None:
         """Once every deletion committed so far has left the file's bytes (a no-op when there
         was none since the last rewrite)."""
-        if self._pending():
+        if self._store().deletions_pending:
             await self.after_deletion()
 
     @asynccontextmanager
@@ -72,7 +71,7 @@ class Compactions:
     def _run(self, run: _Run) -> None:
         run.started = True  # read by the event loop: a deletion that sees it queues a new run
         try:
-            self._compact()
+            self._store().compact()
         except Exception as exc:
             log.error("%s: compaction failed (%s)", self._name, type(exc).__name__)
             raise

@@ -10,6 +10,7 @@ import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -161,7 +162,8 @@ async def test_deletions_waiting_together_share_one_compaction() -> None:
         started.set()
         release.wait(5)
 
-    compactions = Compactions(serial, lambda: None, "test", pending=lambda: True)
+    store = SimpleNamespace(compact=lambda: None, deletions_pending=True)
+    compactions = Compactions(serial, lambda: store, "test")
     busy = asyncio.ensure_future(serial(deleting))
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
     waiting = [asyncio.ensure_future(compactions.after_deletion()) for _ in range(10)]
