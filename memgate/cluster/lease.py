@@ -144,7 +144,10 @@ class PartitionLease:
             else:
                 revision = await self._kv.update(self.partition, candidate.encode(),
                                                  last=replacing.revision)
-        except KeyWrongLastSequenceError:
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
+            # KeyNotFoundError: nats-py's create found the key, then read it to see whether it
+            # was deleted, and it had expired in between (seen once in CI, as A's lease ran
+            # out): not won this time, and the caller asks again
             return None
         # the epoch is the revision that won; the value names it from the next renewal on
         self.lease = Lease(self.partition, self.node, revision, revision, self._about)
