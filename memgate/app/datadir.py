@@ -22,6 +22,8 @@ from memgate.bus.lifetime import alive
 
 LOCK = ".lock"
 RUN = "run"  # run/nats.json, run/http.json: where a running memgate listens
+FORMAT_FILE = "format.json"  # the directory's format (`app.dataformat`)
+MIGRATING = "migrating"  # a migration under way, and the copy of what it changes
 # After a kill -9, how long the processes of the memgate that was killed may take to stop
 # (they drain as on Ctrl-C; ~1 s when idle) before a new `memgate up` gives up.
 ORPHANS_WAIT_S = 20.0
@@ -43,7 +45,7 @@ def private_files() -> None:
 
 
 # What memgate keeps at the top of a data directory (anything else there is the user's own).
-OWN_DIRECTORIES = frozenset({"audit", "keys", "nats", "partitions", RUN})
+OWN_DIRECTORIES = frozenset({"audit", "keys", "nats", "partitions", RUN, MIGRATING})
 OWN_SUFFIXES = (".duckdb", ".duckdb.wal", ".token", ".tmp")
 
 
@@ -63,7 +65,8 @@ def make_private(data_dir: Path) -> None:
                     if not os.path.islink(path):
                         os.chmod(path, 0o600)
                 dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
-        elif entry.is_file() and (entry.name == LOCK or entry.name.endswith(OWN_SUFFIXES)):
+        elif entry.is_file() and (entry.name in (LOCK, FORMAT_FILE)
+                                  or entry.name.endswith(OWN_SUFFIXES)):
             os.chmod(entry.path, 0o600)
 
 

@@ -5,9 +5,10 @@ listening socket, and runs the actors in supervised child processes by group (`a
 `app.supervisor`); `single_process` runs everything in this one process instead. Each is an
 `AsyncExitStack` of resources plus a signal-driven shutdown: Ctrl-C drains and stops.
 
-Either first locks its data directory (`app.datadir`: a second memgate on it is refused) and
-makes it private to the user; the lock's descriptor is held by the nats-server and every child
-too, which die with the supervisor (`bus.lifetime`).
+Either first checks its data directory's format (`app.dataformat`: a newer one is refused),
+locks it (`app.datadir`: a second memgate on it is refused), makes it private to the user and
+brings it to this memgate's format; the lock's descriptor is held by the nats-server and every
+child too, which die with the supervisor (`bus.lifetime`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import AsyncExitStack
 import nats
 import typer
 
-from memgate.app import datadir, ram
+from memgate.app import dataformat, datadir, ram
 from memgate.app.layout import FRONT, groups
 from memgate.app.layout import child_environment
 from memgate.app.process import http_server, traced
@@ -60,7 +61,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 async def serve(settings: Settings) -> None:
     """`memgate up`: supervised processes, or one process (`single_process`), on a data
-    directory locked for them (else `datadir.StartRefusedError`)."""
+    directory locked for them (else `datadir.StartRefusedError`), in this memgate's format
+    (`app.dataformat`: a newer one refused before anything opens it, an older one migrated)."""
+    dataformat.check(settings.data_dir, migrates=True)
     datadir.private_files()
     if (settings.nats_url is not None or settings.routes) and settings.admin_token is None:
         # every memgate joined to one NATS must know the same operator: none is made up here
@@ -70,6 +73,8 @@ async def serve(settings: Settings) -> None:
             "MEMGATE_ADMIN_TOKEN (e.g. to the output of `openssl rand -base64 32`)")
     lock = await asyncio.to_thread(datadir.lock, settings.data_dir)
     datadir.make_private(settings.data_dir)
+    await asyncio.to_thread(dataformat.migrate, settings.data_dir,
+                            say=lambda line: typer.echo(f"memgate: {line}"))
     if settings.text_index_dir is None:
         ram.private_base()  # refused here, with its reason, rather than in a child process
     if settings.single_process:
