@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -31,16 +32,20 @@ from tests.test_metrics import scrape, value
 from tests.test_processes import healthy
 
 pytestmark = pytest.mark.timeout(300)
+VIEW_WITHIN_S = 8.0  # the operator's view reads what it can within its bounds (cluster/view.py)
 
 
 
 @asynccontextmanager
 async def node(tmp_path: Path, n: int, cluster_ports: list[int]) -> AsyncIterator[
         tuple[httpx.AsyncClient, Path, str]]:
-    """`memgate up --node nN --cluster ... --routes ...`: its REST client, data dir, NATS URL."""
+    """`memgate up --node nN --cluster ... --routes ...`: its REST client, data dir, NATS URL.
+    The routes name only the two other nodes, the standard NATS form (`tests/cluster.py`'s nodes
+    name all three): either form makes a cluster of three, with three copies of everything."""
     data_dir, http_port, nats_port = tmp_path / f"n{n}", free_port(), free_port()
     log = (tmp_path / f"n{n}.log").open("wb")
-    routes = ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)
+    routes = ",".join(f"nats://127.0.0.1:{port}" for i, port in enumerate(cluster_ports)
+                      if i != n)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "memgate.adapters", "up", "--data-dir", str(data_dir),
         "--http", f"127.0.0.1:{http_port}", "--nats-port", str(nats_port), "--node", f"n{n}",
@@ -242,6 +247,17 @@ async def test_a_standby_node_killed_outright_leaves_the_owner_writing_and_copie
         await asyncio.sleep(1)
         await spare.kill()
         before = len(agent.acked)
+
+        # the operator's view answers at once every time, and shows the dead node down
+        async def shown_down() -> bool:
+            started = time.monotonic()
+            answer = await survivor.http.get("/api/admin/cluster", headers=ADMIN)
+            assert answer.status_code == 200, answer.text
+            assert time.monotonic() - started < VIEW_WITHIN_S
+            servers = {s["name"]: s["up"] for s in answer.json()["servers"]}
+            return servers.get(spare.name) is False and servers.get(survivor.name) is True
+
+        await eventually(shown_down, timeout=RESUME_WITHIN_S)
 
         async def written() -> bool:  # past the apply's timeout and any JetStream election
             return len(agent.acked) > before + 10

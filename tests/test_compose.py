@@ -64,3 +64,14 @@ def test_the_container_has_room_for_the_text_indexes_in_ram() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     size = compose["services"]["memgate"]["shm_size"]
     assert size.endswith("gb") and float(size[:-2]) >= 1
+
+
+def test_routes_naming_the_two_other_nodes_or_all_three_both_keep_three_copies() -> None:
+    """NATS's usual form names the other nodes only; memgate's compose file names all three.
+    Either is a cluster of three: every stream and bucket keeps three copies."""
+    others = ["nats://10.0.0.2:6222", "nats://10.0.0.3:6222"]
+    assert Settings(cluster="10.0.0.1:6222", routes=others).stream_replicas() == 3
+    every = ["nats://10.0.0.1:6222", *others]
+    assert Settings(cluster="10.0.0.1:6222", routes=every).stream_replicas() == 3
+    assert Settings(cluster="10.0.0.1:6222", routes=others[:1]).stream_replicas() == 1
+    assert Settings(cluster="10.0.0.1:6222", routes=[]).stream_replicas() == 1

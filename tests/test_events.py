@@ -4,18 +4,21 @@ bounded retries with a dead letter, tolerant versioned events, and the registry'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
 from memgate.bus import EmbeddedNats, subjects
-from memgate.bus.server import render_config
+from memgate.bus.server import nats_server_binary, render_config
 from memgate.bus.streams import (
     DEAD_LETTERS, EVENTS, FETCH_WAIT_S, DurableConsumer, EventPublisher, OutboxRelay,
 )
@@ -424,3 +427,33 @@ async def test_an_event_under_a_number_another_owner_published_is_kept_the_same_
         js = nc.jetstream()
         assert (await js.stream_info(EVENTS.name)).state.messages == 2
         assert (await js.get_last_msg(EVENTS.name, subject)).data == b'{"memoryId": "acknowledged"}'
+
+
+async def test_the_embedded_server_fsyncs_every_jetstream_write_before_acknowledging_it(
+        tmp_path: Path) -> None:
+    """The configuration memgate writes for its embedded nats-server, as the running server
+    reports it (its monitoring `/varz`): every write synced, not the default two-minute flush."""
+    config = tmp_path / "nats.conf"
+    config.write_text(render_config("memgate", secrets.token_urlsafe(16), []))
+    port, monitor = free_port(), free_port()
+    server = await asyncio.create_subprocess_exec(
+        str(nats_server_binary()), "-c", str(config), "-js", "-sd", str(tmp_path / "js"),
+        "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{monitor}") as http:
+            async def varz() -> dict[str, Any] | None:
+                with contextlib.suppress(httpx.TransportError):
+                    return dict((await http.get("/varz")).json())
+                return None
+
+            async def answers() -> bool:
+                return await varz() is not None
+
+            await eventually(answers)
+            shown = await varz()
+        assert shown is not None
+        assert shown["jetstream"]["config"]["sync_always"] is True
+    finally:
+        server.terminate()
+        await server.wait()

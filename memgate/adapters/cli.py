@@ -230,8 +230,9 @@ def cluster_status(
 
     from memgate.app.cluster import status
 
+    shown = asyncio.run(status(settings))
     table = Table("store", "home", "served by", "epoch", "process", "standbys")
-    for store in asyncio.run(status(settings)).stores:
+    for store in shown.stores:
         standbys = ", ".join(
             f"{s.node} {'in sync' if s.in_sync else 'copying'}"
             f"{f' {s.behind} behind' if s.behind else ''}"
@@ -240,7 +241,13 @@ def cluster_status(
         table.add_row(store.name, store.home or "-", store.served_by or "nobody",
                       "-" if store.epoch is None else str(store.epoch), store.process or "-",
                       standbys or "-")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print("servers: " + (", ".join(
+        f"{s.name} {'up' if s.up else 'DOWN'}{' (leader)' if s.leader else ''}"
+        for s in shown.servers) or "-"))
+    if shown.degraded:
+        console.print("not readable now: " + ", ".join(shown.degraded))
 
 
 @cluster.command("drain")

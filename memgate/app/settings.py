@@ -194,10 +194,13 @@ class Settings(BaseSettings):
         return text_index_root(self.data_dir, partition, self.text_index_dir)
 
     def stream_replicas(self) -> int:
-        """The copies of every stream and bucket: 1 alone, 3 in a cluster of three or more."""
+        """The copies of every stream and bucket: 1 alone, 3 in a cluster of three or more
+        nodes: this one and each other node its routes name, whether they name this one too
+        (all three) or not (the two others, NATS's usual form)."""
         if self.replicas is not None:
             return self.replicas
-        return 3 if len({*self.routes}) >= 3 else 1
+        others = {route.removesuffix("/") for route in self.routes} - {f"nats://{self.cluster}"}
+        return 3 if 1 + len(others) >= 3 else 1
 
     def partition_names(self) -> list[str]:
         return [f"p{i}" for i in range(self.partitions)]

@@ -68,6 +68,12 @@ class AgentKey:
 STALE_AFTER = {"ping_interval": "2s", "ping_max": 3}
 
 
+# JetStream fsyncs every write before it acknowledges it: an acknowledged event, lease or record
+# is on the disk of each server of its quorum, not in their page caches until the default's
+# two-minute flush (Jepsen, NATS 2.12.1, 2025-12: acknowledged writes lost under lazy fsync).
+SYNC_INTERVAL = "always"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """This server as a member of a NATS cluster: its unique name, where it listens for the
@@ -124,7 +130,8 @@ def server_config(logins: Sequence[Login], agents: Sequence[AgentKey]) -> str:
                        "permissions": agent_permissions(agent.inbox_prefix)}],
             "imports": [{"service": {"account": INTERNAL_ACCOUNT, "subject": subject}}
                         for subject in (*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS)]}
-    return json.dumps({"accounts": accounts, "max_payload": MAX_PAYLOAD}, indent=2)
+    return json.dumps({"accounts": accounts, "max_payload": MAX_PAYLOAD,
+                       "jetstream": {"sync_interval": SYNC_INTERVAL}}, indent=2)
 
 
 def render_config(internal_user: str, internal_password: str, agents: Sequence[AgentKey]) -> str:

@@ -37,9 +37,23 @@ class StoreOwner(Contract):
     standbys: list[StandbyLag] | None = None
 
 
+class ServerState(Contract):
+    """One node's NATS server as JetStream sees it (a peer of the leases bucket's stream): up
+    (the leader, or a replica current with it), or not (offline, or behind: dead, stopped,
+    cut off)."""
+
+    name: str
+    up: bool
+    leader: bool = False
+
+
 class ClusterStatus(Contract):
     nodes: list[str]  # every node named as a home or an owner
     stores: list[StoreOwner]
+    servers: list[ServerState] = Field(default_factory=list)  # each node's NATS server
+    # what could not be read just now (a bucket whose leader is being elected, say): the rest
+    # of the view is shown without it, never an error
+    degraded: list[str] = Field(default_factory=list)
 
 
-__all__ = ["ClusterStatus", "Lag", "StandbyLag", "StoreOwner"]
+__all__ = ["ClusterStatus", "Lag", "ServerState", "StandbyLag", "StoreOwner"]
