@@ -39,8 +39,8 @@ from memgate.bus import parse, subjects
 from memgate.contracts import Contract, Envelope, Memory, RememberResult
 from memgate.contracts.base import ID_MAX
 from memgate.contracts.errors import (
-    AgentMemoryEmptyError, MemgateError, NotFoundError, UnavailableError, UnprocessableError,
-    ValidationFailedError,
+    AgentMemoryEmptyError, ForbiddenError, MemgateError, NotFoundError, UnavailableError,
+    UnprocessableError, ValidationFailedError,
 )
 from memgate.contracts.internal import (
     Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, StoreRememberAll, space_owner,
@@ -48,14 +48,13 @@ from memgate.contracts.internal import (
 from memgate.contracts.memory import Extras
 from memgate.contracts.mem0 import (
     BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
-    ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ListMemories, Mem0Memory,
-    Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
+    ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ImportedMemory,
+    ImportMemories, ImportOutcome, ImportResults, ListMemories, Mem0Memory, Mem0Message,
+    MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
-from memgate.contracts.spaces import (
-    Entity, Permission,
-    SpaceAccess,
-)
+from memgate.contracts.spaces import Entity, Permission, SpaceAccess, SpaceRole
 from memgate.policy import extraction
+from memgate.policy.imports import Imported, imported
 from memgate.policy.masking import Masked, mask
 from memgate.policy.mem0 import (
     FIELDS, compile_filters, derived_from, entity_of, query_filters,
@@ -145,12 +144,58 @@ def _extras(memory: Memory) -> Extras:
     return memory.extras or Extras()
 
 
+def _edited(extras: Extras | None) -> Extras | None:
+    """The extras a new version keeps: all but an imported `updated_at` (the version's own
+    instant is its updated_at)."""
+    if extras is None or extras.updated_at is None:
+        return extras
+    kept = extras.model_copy(update={"updated_at": None})
+    return None if kept == Extras() else kept
+
+
+def _updated_at(memory: Memory) -> datetime:
+    return _extras(memory).updated_at or memory.created_at
+
+
 def _view(memory: Memory, entity: Entity | None, *, score: float | None = None) -> Mem0Memory:
     extras = _extras(memory)
     return Mem0Memory(id=memory.key or memory.memory_id, memory=memory.text, **_ids(entity),
-                      metadata=extras.metadata, created_at=extras.timestamp or memory.created_at,
-                      updated_at=memory.created_at, expiration_date=extras.expiration_date,
+                      metadata=extras.metadata, categories=extras.categories or [],
+                      created_at=extras.timestamp or memory.created_at,
+                      updated_at=_updated_at(memory), expiration_date=extras.expiration_date,
                       score=score)
+
+
+def _imports(items: list[dict[str, Any]], now: datetime) -> list[Imported | ImportOutcome]:
+    """Each item checked and masked (`policy.imports`), or its refusal; an id sent twice is
+    refused the second time."""
+    checked: list[Imported | ImportOutcome] = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        field = f"memories.{index}"
+        key = item.get("id") if isinstance(item.get("id"), str) else None
+        try:
+            memory = parse(ImportedMemory, item)
+            if memory.id in seen:
+                raise ValidationFailedError("an import names each memory once",
+                                            {"field": f"{field}.id"})
+            seen.add(memory.id)
+            checked.append(imported(memory, now, field))
+        except MemgateError as refused:
+            checked.append(ImportOutcome(id=key, status="refused", code=refused.code,
+                                         field=_field_of(refused, field)))
+    return checked
+
+
+def _field_of(refused: MemgateError, item: str) -> str | None:
+    """The field a refusal names (a parse names it within the item, `policy.imports` whole)."""
+    named = refused.details.get("field")
+    if isinstance(named, str):
+        return named
+    problems = refused.details.get("problems")
+    if isinstance(problems, list) and problems and isinstance(problems[0], dict):
+        return f"{item}.{problems[0].get('field')}"
+    return None
 
 
 def _added_extras(body: AddMemories, now: datetime) -> Extras | None:
@@ -176,7 +221,7 @@ class _Update:
 
     @property
     def changes(self) -> bool:
-        return self.masked is not None or self.extras != self.current.extras
+        return self.masked is not None or self.extras != _edited(self.current.extras)
 
     @property
     def text(self) -> str:
@@ -279,6 +324,7 @@ class SpaceMemoriesActor(ActorBase):
             "search": self.search, "update": self.update, "delete": self.delete,
             "delete_all": self.delete_all, "history": self.history,
             "batch_update": self.batch_update, "batch_delete": self.batch_delete,
+            "import": self.import_memories,
         }
         handlers = {**{subjects.space(f"memories.{operation}"): enveloped(handler)
                        for operation, handler in public.items()},
@@ -506,9 +552,9 @@ class SpaceMemoriesActor(ActorBase):
         updates: list[_Update] = []
         for (key, _, _), current, (text, metadata) in zip(items, currents, checked, strict=True):
             assert current is not None
-            extras = current.extras
+            extras = _edited(current.extras)
             if metadata is not None:
-                extras = _extras(current).model_copy(update={"metadata": metadata})
+                extras = (extras or Extras()).model_copy(update={"metadata": metadata})
             updates.append(_Update(key, current, text, extras))
         return updates
 
@@ -628,10 +674,68 @@ class SpaceMemoriesActor(ActorBase):
             id=version.memory_id, memory_id=key,
             old_memory=chain[i - 1].text if i else None, new_memory=version.text,
             event="UPDATE" if i else "ADD", **_ids(entity),
-            metadata=_extras(version).metadata,
+            metadata=_extras(version).metadata, categories=_extras(version).categories or [],
             created_at=_extras(chain[0]).timestamp or chain[0].created_at,
-            updated_at=version.created_at)
+            updated_at=_updated_at(version))
             for i, version in enumerate(chain)])
+
+    async def import_memories(self, envelope: Envelope) -> ImportResults:
+        """memgate's own import of mem0 memories (`memgate import mem0`), a space owner's only
+        (it keeps the memories' own timestamps): each checked and masked like an add, kept
+        under its mem0 id; one whose id the space holds already is skipped, so an import run
+        again stores nothing twice. Those accepted are stored together or not at all, under
+        the member's import credential (`space-<spaceId>:<memberId>:import`, an hourly
+        budget of its own), their version limit the member's."""
+        access = await self._access(envelope, Permission.CAN_UPDATE)
+        if access.role is not SpaceRole.OWNER:
+            raise ForbiddenError("only an owner of the memory space imports memories",
+                                 {"permission": "owner"})
+        body = _body(ImportMemories, envelope)
+        checked = await asyncio.to_thread(_imports, body.memories, datetime.now(UTC))
+        owner = _owner(access.workspace_id, access.space_id)
+        fresh = [c for c in checked if isinstance(c, Imported)]
+        present = await asyncio.gather(*(self._current(owner, c.key) for c in fresh))
+        there = {c.key for c, current in zip(fresh, present, strict=True) if current is not None}
+        todo = [c for c in fresh if c.key not in there]
+        if todo:
+            await self._import(access, todo)
+        return ImportResults(results=[
+            c if isinstance(c, ImportOutcome) else
+            ImportOutcome(id=c.key, status="skipped" if c.key in there else "imported")
+            for c in checked])
+
+    async def _import(self, access: SpaceAccess, memories: list[Imported]) -> None:
+        """The memories stored in one transaction, each entity's row written pending first and
+        settled after (as `_remember_about` does for one entity)."""
+        entities = list({(m.entity.user_id, m.entity.agent_id, m.entity.run_id): m.entity
+                         for m in memories}.values())
+        issued = await asyncio.gather(*(self._spaces.entity(access.space_id, e)
+                                        for e in entities))
+        namespaces = {(e.user_id, e.agent_id, e.run_id): i.namespace
+                      for e, i in zip(entities, issued, strict=True)}
+        writer = _Writer.of(access.workspace_id, access.space_id, access.member_id,
+                            access.retention_days, credential=f"{access.member_id}:import")
+        writes = []
+        for memory in memories:
+            namespace = namespaces[(memory.entity.user_id, memory.entity.agent_id,
+                                    memory.entity.run_id)]
+            assert namespace is not None, "the spaces actor issues a namespace"
+            writes.append(writer.remember(namespace, memory.key, memory.text, memory.masked,
+                                          memory.extras))
+
+        async def settle(stored: bool) -> None:
+            outcomes = await asyncio.gather(*(self._spaces.settle(access.space_id, e,
+                                                                  stored=stored)
+                                              for e in entities), return_exceptions=True)
+            if any(isinstance(o, BaseException) for o in outcomes):  # the rows stay pending
+                log.warning("entities of space %s stay pending", access.space_id)
+
+        try:
+            await self._storage.remember_all(StoreRememberAll(items=writes))
+        except Exception:
+            await settle(stored=False)
+            raise
+        await settle(stored=True)
 
     # --- the sessions actor's extract_memories ---
 

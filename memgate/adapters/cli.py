@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
-from memgate.adapters import cli_backup, cli_erasure
+from memgate.adapters import cli_backup, cli_erasure, import_mem0
 
 # An admin call is a few DuckDB writes, but a workspace's first call may wait for a cold start.
 ADMIN_CALL_TIMEOUT_S = 30.0
@@ -390,6 +390,7 @@ def request(method: str, path: str, body: Annotated[str | None, typer.Argument()
 
 cli_erasure.command(admin, base_url, _operator)
 cli_backup.command(app, _operator)
+import_mem0.command(app, base_url, _member)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from memgate.bus import subjects
 from memgate.contracts import Contract
 from memgate.contracts.errors import MemgateError
 from memgate.contracts.mem0 import (
-    AddResults, History, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchResults,
+    AddResults, History, ImportResults, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchResults,
 )
 
 REFUSED = "refusedBody"  # a param set when the body is not a JSON object
@@ -160,6 +160,12 @@ def router(send: Send, mark: Mark) -> APIRouter:
     async def mem0_batch_delete(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "batch_delete", Mem0Message,
                                                 body=True)))
+
+    @routes.post("/v1/import/", responses=WRITES)
+    async def memgate_import(request: Request) -> JSONResponse:
+        """memgate's own (`memgate import mem0`): mem0 memories kept under their ids, with
+        their timestamps and categories; a space owner's only."""
+        return JSONResponse(_json(await forward(request, "import", ImportResults, body=True)))
 
     @routes.get("/v1/memories/{memoryId}/history/", responses=READS)
     async def mem0_history(request: Request) -> JSONResponse:

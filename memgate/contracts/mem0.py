@@ -21,7 +21,7 @@ deletes it then, or at the retention if sooner); `timestamp` (add, update: Unix 
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt
 
@@ -110,6 +110,48 @@ class BatchDelete(_Mem0Body):
     """`DELETE /v1/batch/`: every memory named must exist before any is deleted."""
 
     memories: list[BatchDeleteItem] = Field(min_length=1, max_length=BATCH_MAX)
+
+
+IMPORT_MAX = 500  # memories one import request carries
+CATEGORIES_MAX = 32
+CATEGORY_MAX = 100
+
+
+class ImportMemories(_Mem0Body):
+    """`POST /memory/{spaceId}/v1/import/` (memgate's own, `memgate import mem0`): memories as
+    mem0 lists or exports them, each checked on its own (`ImportedMemory`)."""
+
+    memories: list[dict[str, Any]] = Field(min_length=1, max_length=IMPORT_MAX)
+
+
+class ImportedMemory(_Mem0Body):
+    """One memory as mem0 shows it (get_all, a platform export); other fields are ignored.
+    `id` stays its mem0 id in the space: a memory whose id is there already is skipped."""
+
+    id: str = Field(min_length=1, max_length=ID_MAX)
+    memory: str = Field(min_length=1, max_length=TEXT_MAX)
+    user_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    agent_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    run_id: str | None = Field(default=None, min_length=1, max_length=ENTITY_MAX)
+    metadata: dict[str, Any] | None = None
+    categories: list[Annotated[str, Field(min_length=1, max_length=CATEGORY_MAX)]] | None = (
+        Field(default=None, max_length=CATEGORIES_MAX))
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    expiration_date: str | None = Field(default=None, max_length=DATE_CHARS)
+
+
+class ImportOutcome(Contract):
+    """What became of one memory of an import, in the order sent (never its text)."""
+
+    id: str | None = None  # its mem0 id, when it had one
+    status: Literal["imported", "skipped", "refused"]
+    code: str | None = None  # why it was refused
+    field: str | None = None
+
+
+class ImportResults(Contract):
+    results: list[ImportOutcome]
 
 
 class Mem0Memory(Contract):
@@ -208,7 +250,8 @@ __all__ = [
     "BATCH_MAX", "BatchDelete", "BatchDeleteItem", "BatchUpdate", "BatchUpdateItem",
     "ENTITY_MAX", "MESSAGES_MAX", "MESSAGE_MAX", "PAGE_SIZE_MAX", "TEXT_MAX", "TOP_K_MAX",
     "AddMemories", "AddResults", "Added", "ExtractEvent", "ExtractRequest", "Extracted",
-    "History", "HistoryEntry", "ListMemories", "Mem0Memory", "Mem0Message", "MemoryPage",
+    "History", "HistoryEntry", "IMPORT_MAX", "ImportMemories", "ImportOutcome", "ImportResults",
+    "ImportedMemory", "ListMemories", "Mem0Memory", "Mem0Message", "MemoryPage",
     "Message", "Ping", "SearchMemories", "SearchResults", "SpaceLlm", "SpaceLlmRequest",
     "UpdateMemory",
 ]

@@ -72,6 +72,8 @@ class Extras(Contract):
     metadata: dict[str, JsonValue] | None = None
     timestamp: datetime | None = None
     expiration_date: date | None = None
+    categories: list[str] | None = None  # mem0's, masked (an imported memory's)
+    updated_at: datetime | None = None  # an imported memory's; a later update drops it
 
 
 class Memory(Contract):

@@ -128,6 +128,14 @@ def shown_at(timestamp: float, now: datetime, field: str = "timestamp") -> datet
     return datetime.fromtimestamp(timestamp, UTC)
 
 
+def instant_of(instant: datetime, now: datetime, field: str) -> datetime:
+    """An instant a client gives (an imported memory's `created_at`): from 1970 to SKEW after
+    `now`; without a zone, UTC."""
+    aware = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+    shown_at(aware.timestamp(), now, field)
+    return aware.astimezone(UTC)
+
+
 def expiry_of(text: str, now: datetime, field: str = "expiration_date") -> date:
     """mem0's `expiration_date` (`YYYY-MM-DD`): the memory expires as that day starts (UTC),
     so the day must come after today."""
@@ -342,5 +350,5 @@ def memory_filter(filters: Mapping[str, Any] | None) -> MemoryFilter | None:
 __all__ = [
     "KEY_MAX", "METADATA_MAX_BYTES", "METADATA_MAX_DEPTH", "METADATA_MAX_KEYS",
     "MemoryFilter", "OPERATORS", "SKEW", "expiry_of", "masked_metadata", "memory_filter",
-    "shown_at",
+    "instant_of", "shown_at",
 ]
