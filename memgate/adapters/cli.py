@@ -179,6 +179,7 @@ def actors(
     settings = Settings(**overrides)
     if settings.nats_url is None:
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
+    cli_backup.readable(settings.data_dir)  # a newer format: refused before any actor opens it
     from memgate.app.serve import run_actors
     from memgate.cluster.ownership import OwnedElsewhereError
     from memgate.runtime.actor import hand_off_the_gil_promptly

@@ -27,6 +27,19 @@ CONNECT_TIMEOUT_S = 10.0
 PAGE_TIMEOUT_S = 120.0  # a page of a large table, read and sealed
 
 
+def readable(data_dir: Path) -> None:
+    """Refuse, in one line and before opening anything, a directory this memgate does not read
+    as it is: a newer format, or a migration left half-done (`app.dataformat`)."""
+    from memgate.app.dataformat import check
+    from memgate.app.datadir import StartRefusedError
+
+    try:
+        check(data_dir)
+    except StartRefusedError as refused:
+        typer.echo(f"memgate: {refused}", err=True)
+        raise typer.Exit(1) from None
+
+
 def _operator(data_dir: Path, token: str | None) -> str:
     if token:
         return token
@@ -69,6 +82,7 @@ async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
 
 def _run_dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
               nats_url: str | None, token: str | None) -> work.Written:
+    readable(data_dir)
     if not (data_dir / "directory.duckdb").exists():
         raise typer.BadParameter(f"no memgate data in {data_dir}", param_hint="--data-dir")
     try:
@@ -109,6 +123,7 @@ def command(app: typer.Typer, operator: Any) -> None:
         it."""
         from memgate.app import backup as work
 
+        readable(keys_from)
         try:
             result = work.restore(from_, data_dir, keys_from)
         except (FileExistsError, ValueError) as refused:
@@ -134,6 +149,7 @@ def command(app: typer.Typer, operator: Any) -> None:
         unreadable and left out."""
         from memgate.app import backup as work
 
+        readable(keys_from)
         rows, gone = work.read_export(file, keys_from)
         for row in rows:
             typer.echo(json.dumps(row, ensure_ascii=False))
@@ -144,6 +160,7 @@ def command(app: typer.Typer, operator: Any) -> None:
         """Check the audit log's hash chain: exit 0 if intact, 1 naming the first bad entry."""
         from memgate.storage import audit as audit_log
 
+        readable(data_dir)
         result = audit_log.verify(data_dir / "audit")
         if result.broken is None:
             typer.echo(json.dumps({"ok": True, "entries": result.entries, "head": result.head}))

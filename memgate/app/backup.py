@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import duckdb
 
+from memgate.app import dataformat
 from memgate.bus.subjects import Admin
 from memgate.bus import BusClient, subjects
 from memgate.contracts.backup import (
@@ -268,7 +269,9 @@ def restore(source: Path, data_dir: Path, keys_from: Path) -> Restored:
     for _ in _authentic_lines(source, key):  # checked whole before anything is written
         pass
     try:
-        return _restore(_authentic_lines(source, key), data_dir, KeyStore(keys_from / "keys"))
+        restored = _restore(_authentic_lines(source, key), data_dir, KeyStore(keys_from / "keys"))
+        dataformat.stamp(data_dir)  # built from this memgate's own schema
+        return restored
     except BaseException:
         if data_dir.exists():
             for child in data_dir.iterdir():
