@@ -14,6 +14,9 @@ os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0-"))
 import asyncio
 import hashlib
 import json
+import re
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -26,7 +29,7 @@ from mem0 import Memory, MemoryClient
 from typer.testing import CliRunner
 
 from memgate.adapters.cli import app
-from tests.conftest import Member, Memgate, run_memgate
+from tests.conftest import Member, Memgate, eventually, run_memgate
 from tests.test_mem0 import Space, enable, new_space
 
 USERS = [f"user-{n}" for n in range(6)]
@@ -211,6 +214,39 @@ async def test_a_platform_export_cut_short_imports_the_rest_when_run_again(
     history = await asyncio.to_thread(client.history, memories[0]["id"])
     assert [h["event"] for h in history] == ["ADD"]
 
+    # an update is a new version of the same id: its own updated_at, the rest kept
+    await asyncio.to_thread(client.update, memories[0]["id"], text="prefers the window seat")
+    updated = await asyncio.to_thread(client.get, memories[0]["id"])
+    assert instant(updated["updated_at"]) > datetime.now(UTC) - timedelta(minutes=1)
+    assert instant(updated["created_at"]) == instant(first["created_at"])
+    assert (updated["categories"], updated["metadata"]) == (first["categories"],
+                                                            first["metadata"])
+
+
+async def test_imported_text_metadata_and_categories_are_masked_and_bounds_refused(
+        memgate: Memgate, tmp_path: Path) -> None:
+    space = await new_space(memgate)
+    base = {"user_id": "alex", "created_at": "2024-01-02T03:04:05"}
+    future = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps([
+        {**base, "id": "m-1", "memory": f"mail {EMAIL}", "metadata": {"contact": EMAIL},
+         "categories": [f"from {EMAIL}"]},
+        {**base, "id": "m-2", "memory": "from the future", "created_at": future},
+        {**base, "id": "m-3", "memory": "x" * 1001},
+        {**base, "id": "m-1", "memory": "the same id again"},
+    ]))
+    code, output = await memgate_import(memgate, space.owner.token, "--export", str(export),
+                                        "--space", space.id)
+    assert code == 0 and EMAIL not in output
+    assert counted(output, "imported") == 1
+    assert "VALIDATION_ERROR created_at" in output and "VALIDATION_ERROR memory" in output
+    assert "VALIDATION_ERROR id" in output
+    masked = await asyncio.to_thread((await space.client()).get, "m-1")
+    assert (masked["memory"], masked["metadata"], masked["categories"]) == (
+        "mail [EMAIL]", {"contact": "[EMAIL]"}, ["from [EMAIL]"])
+    assert instant(masked["created_at"]) == datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+
 
 async def test_an_import_is_a_space_owners_only_and_creates_a_space_when_none_is_given(
         memgate: Memgate, tmp_path: Path) -> None:
@@ -230,3 +266,61 @@ async def test_an_import_is_a_space_owners_only_and_creates_a_space_when_none_is
     host = f"{str(memgate.http.base_url).rstrip('/')}/memory/{created}"
     client = await asyncio.to_thread(MemoryClient, host=host, api_key=owner.token)
     assert len(await everything(client)) == 3
+
+
+async def test_an_import_killed_half_way_completes_when_run_again_with_nothing_twice(
+        memgate: Memgate, tmp_path: Path) -> None:
+    space = await new_space(memgate)
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(platform_export(300)))
+    command = ["import", "mem0", "--export", str(export), "--space", space.id, "--batch", "5",
+               "--url", str(memgate.http.base_url), "--token", space.owner.token]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memgate.adapters", *command,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    client = await space.client()
+
+    async def stored() -> int:
+        return int((await asyncio.to_thread(client.get_all, page_size=1))["count"])
+
+    try:
+        await eventually(lambda: _at_least(stored, 40), timeout=60)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    before = await stored()
+    assert 40 <= before < 300  # killed half way
+
+    code, output = await memgate_import(memgate, space.owner.token, *command[2:8])
+    assert code == 0, output
+    imported, skipped = counted(output, "imported"), counted(output, "skipped")
+    # a request the kill cut off may still have been stored: it is skipped now
+    assert imported + skipped == 300 and before <= skipped < 300
+    assert await stored() == 300
+
+
+def counted(report: str, outcome: str) -> int:
+    found = re.search(rf"{outcome} +│ (\d+)", report)
+    assert found is not None, report
+    return int(found.group(1))
+
+
+async def _at_least(count: Any, least: int) -> bool:
+    return bool(await count() >= least)
+
+
+async def test_an_import_stopped_by_its_hourly_budget_says_so_and_leaves_adds_their_own(
+        tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, limit_remembers_per_hour=30)
+        space = await new_space(memgate)
+        export = tmp_path / "export.json"
+        export.write_text(json.dumps(platform_export(50)))
+        code, output = await memgate_import(memgate, space.owner.token, "--export",
+                                            str(export), "--space", space.id, "--batch", "20")
+        assert code == 1
+        assert "imported │ 20" in output and "AGENT_MEMORY_RATE_LIMITED" in output
+        assert f"--space {space.id}" in output
+        client = await space.client()
+        added = await asyncio.to_thread(client.add, "an add of my own", user_id="traveller-0")
+        assert added["results"][0]["event"] == "ADD"  # the member's own budget is untouched

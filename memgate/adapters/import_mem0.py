@@ -193,7 +193,8 @@ def _space(client: httpx.Client, console: Console, space: str | None) -> str:
     if response.is_error:
         raise SourceError(f"cannot create a memory space: {_stop_reason(response)}")
     created = str(response.json()["id"])
-    console.print(f"memory space {created} created; to resume, run again with --space {created}")
+    console.print(f"memory space {created} created; to resume, run again with --space {created}",
+                  soft_wrap=True)
     return created
 
 
@@ -244,5 +245,5 @@ def command(app: typer.Typer, base_url: Callable[[str | None], str],
         console.print(report.table())
         if report.stopped is not None:
             console.print(f"stopped: {report.stopped}; run the same command again (with "
-                          f"--space {target}) to go on")
+                          f"--space {target}) to go on", soft_wrap=True)
             raise typer.Exit(1)
