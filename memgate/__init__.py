@@ -22,6 +22,7 @@ from memgate.contracts.errors import (
     MemgateError,
     NonRetainingWorkspaceError,
     NotFoundError,
+    OutcomeUnknownError,
     RateLimitedError,
     UnauthenticatedError,
     UnavailableError,
@@ -45,7 +46,8 @@ __all__ = [
     "AgentMemoryPersonalDataError", "ContextSetScopeRefusedError", "ErrorCode", "ForbiddenError",
     "ForgetResult", "InsufficientScopeError", "InternalError", "ListResult", "MemgateClient",
     "MemgateError", "Memory", "RecallResult", "RecalledMemory", "RememberResult",
-    "NonRetainingWorkspaceError", "NotFoundError", "RateLimitedError", "UnauthenticatedError",
+    "NonRetainingWorkspaceError", "NotFoundError", "OutcomeUnknownError", "RateLimitedError",
+    "UnauthenticatedError",
     "UnavailableError", "ValidationFailedError",
 ]
 __getattr__ = exports(__name__, {"MemgateClient": "memgate.bus.client"})

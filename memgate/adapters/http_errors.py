@@ -61,9 +61,11 @@ _WHEN = {
     422: "UNPROCESSABLE: well-formed, but a memory-space rule refuses it (SPEC §4.1–§4.3)",
     429: "AGENT_MEMORY_RATE_LIMITED: the remember rate is reached; MEMORY_SPACE_RATE_LIMITED: "
          "the member's hourly rate of spaces, sessions or events is reached (see Retry-After)",
-    503: "UNAVAILABLE: no actor answered in time; retry",
+    503: "UNAVAILABLE: not done (no actor answers, no quorum); retry",
+    504: "OUTCOME_UNKNOWN: no answer in time, or a write whose copies were not confirmed: it "
+         "may have been done; retry with the same Idempotency-Key",
 }
-COMMON = (400, 401, 403, 404, 413, 503)
+COMMON = (400, 401, 403, 404, 413, 503, 504)
 QUOTA = (409, 429)  # what a member may hold, and make per hour (spaces, sessions, events)
 
 

@@ -26,7 +26,8 @@ from memgate.contracts import (
     RecallResult, RememberRequest, RememberResult,
 )
 from memgate.contracts.errors import (
-    MemgateError, PayloadTooLargeError, UnavailableError, ValidationFailedError,
+    MemgateError, OutcomeUnknownError, PayloadTooLargeError, UnavailableError,
+    ValidationFailedError,
 )
 from memgate.observe import metrics, tracing
 
@@ -125,8 +126,8 @@ class BusClient:
         except NoRespondersError:
             raise UnavailableError("no actor answers on this subject",
                                    {"subject": subject}) from None
-        except TimeoutError:  # nats-py's is one too
-            raise UnavailableError("the request timed out", {"subject": subject}) from None
+        except TimeoutError:  # nats-py's is one too; the command may have been done
+            raise OutcomeUnknownError("the request timed out", {"subject": subject}) from None
         except MaxPayloadError:  # a NATS of the operator's own, with a smaller max_payload
             raise PayloadTooLargeError("the request exceeds the bus's payload limit") from None
         return decode_reply(msg.data, result_type)

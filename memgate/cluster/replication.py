@@ -54,7 +54,9 @@ from memgate.bus.replies import Endpoint
 from memgate.cluster.lease import PartitionLease, given_up, holder, lease_bucket
 from memgate.contracts.base import Contract
 from memgate.contracts.cluster import Lag, StandbyLag
-from memgate.contracts.errors import ConflictError, MemgateError, UnavailableError
+from memgate.contracts.errors import (
+    ConflictError, MemgateError, OutcomeUnknownError, UnavailableError,
+)
 from memgate.ports.bus import Requester
 from memgate.tasks import cancelled
 
@@ -479,7 +481,13 @@ class Primary:
         """The call's result once every in-sync standby applied what it committed."""
         result, exc, shipped = outcome
         if shipped is not None:
-            await asyncio.wrap_future(shipped)
+            try:
+                await asyncio.wrap_future(shipped)
+            except MemgateError as unconfirmed:
+                # committed here, its copies not confirmed: kept while this owner lives, gone
+                # if a standby without it is promoted. Not a 503, which says "not written".
+                raise OutcomeUnknownError("written here, but its copies could not be "
+                                          "confirmed", {"store": self.name}) from unconfirmed
         if exc is not None:
             raise exc
         return result  # type: ignore[return-value]  # None only where `fn` returned it

@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "CONFLICT"
     PRECONDITION_FAILED = "PRECONDITION_FAILED"
     UNAVAILABLE = "UNAVAILABLE"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     INTERNAL = "INTERNAL"
 
 
@@ -53,13 +54,16 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.PRECONDITION_FAILED: 412,
     ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.OUTCOME_UNKNOWN: 504,
     ErrorCode.INTERNAL: 500,
 }
 
 # Refusals that say when to retry (`details.retryAfterSeconds`; REST adds `Retry-After`).
 RATE_LIMITED = frozenset({ErrorCode.AGENT_MEMORY_RATE_LIMITED,
                           ErrorCode.MEMORY_SPACE_RATE_LIMITED})
-RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, *RATE_LIMITED})
+# A 503 was not done: ask again. A 504 may have been done: ask again with the same idempotency
+# key, which answers what was done, or does it now (SPEC §6, "Idempotency").
+RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.OUTCOME_UNKNOWN, *RATE_LIMITED})
 
 
 class MemgateError(Exception):
@@ -206,6 +210,14 @@ class UnavailableError(MemgateError):
     code = ErrorCode.UNAVAILABLE
 
 
+class OutcomeUnknownError(UnavailableError):
+    """No answer in time, or a write done here whose copies could not be confirmed: it may have
+    been done. Ask again with the same idempotency key (a write without one may be done twice).
+    An `UnavailableError` to those that only wait and retry."""
+
+    code = ErrorCode.OUTCOME_UNKNOWN
+
+
 class InternalError(MemgateError):
     """An unexpected failure (details are logged, never returned)."""
 
@@ -220,7 +232,8 @@ ERROR_TYPES: dict[ErrorCode, type[MemgateError]] = {
         NonRetainingWorkspaceError, ContextSetScopeRefusedError, NotFoundError,
         AgentMemoryFullError, RateLimitedError, MemorySpacesDisabledError, MemorySpaceFullError,
         MemorySpaceRateLimitedError, UnprocessableError,
-        ConflictError, PreconditionFailedError, UnavailableError, InternalError,
+        ConflictError, PreconditionFailedError, UnavailableError, OutcomeUnknownError,
+        InternalError,
     )
 }
 
