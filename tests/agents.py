@@ -7,6 +7,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from memgate.bus import MemgateClient
+from memgate.contracts.memory import ImportResult
 from memgate.contracts import (
     HTTP_STATUS,
     Contract,
@@ -26,6 +27,7 @@ class Agent(Protocol):
     async def recall(self, query: str, **kw: Any) -> RecallResult: ...
     async def list(self, **kw: Any) -> ListResult: ...
     async def forget(self, **kw: Any) -> ForgetResult: ...
+    async def import_memories(self, items: list[Any]) -> ImportResult: ...
     async def close(self) -> None: ...
 
 
@@ -64,6 +66,9 @@ class RestAgent:
     async def forget(self, **kw: Any) -> ForgetResult:
         return await self._post("forget", kw, ForgetResult)
 
+    async def import_memories(self, items: list[Any]) -> ImportResult:
+        return await self._post("import", {"items": items}, ImportResult)
+
     async def close(self) -> None:
         return None
 
@@ -89,6 +94,9 @@ class BusAgent:
 
     async def forget(self, **kw: Any) -> ForgetResult:
         return await self._client.forget(**kw)
+
+    async def import_memories(self, items: list[Any]) -> ImportResult:
+        return await self._client.import_memories(items)
 
     async def close(self) -> None:
         """Idempotent: the fixture closes every agent again after the test."""

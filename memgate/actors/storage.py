@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from memgate.cluster import fence
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, partition_of
@@ -29,7 +29,8 @@ from memgate.ports.bus import Consumers, Publisher
 from memgate.bus.replies import Handler
 from memgate.bus.streams import OutboxRelay, Pending
 from memgate.contracts import (
-    Contract, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored, RememberResult,
+    Contract, Failure, ForgetResult, ListResult, MemoriesDeleted, Memory, MemoryStored,
+    RememberResult,
 )
 from memgate.contracts.errors import (
     MemgateError,     AgentMemoryFullError, NotFoundError, RateLimitedError, ValidationFailedError,
@@ -38,12 +39,12 @@ from memgate.contracts.events import (
     REGISTRY_EVENT, CollectionDeleted, DocumentDeleted, RegistryEvent, read_event,
 )
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
-from memgate.contracts.memory import Extras
+from memgate.contracts.memory import Extras, ImportedMemory, ImportRefusal, ImportResult
 from memgate.contracts.registry import Citation
 from memgate.contracts.internal import (
     SPACE_OWNER_PREFIX, CatalogRequest, CatalogRows, OwnedText, Owner, RecallFilters,
     RecallScope, RememberedAll, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery,
-    StoreRemember, StoreRememberAll, Texts,
+    StoreImport, StoreRemember, StoreRememberAll, Texts,
     TextsRequest,
 )
 from memgate.contracts.internal import Reaped, StoreReap
@@ -51,7 +52,7 @@ from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
     encode_cursor,
 )
-from memgate.storage.memory_rows import CatalogRow
+from memgate.storage.memory_rows import CatalogRow, imported, naive
 
 log = logging.getLogger("memgate.storage")
 C = TypeVar("C")
@@ -64,7 +65,7 @@ REMEMBERS_AT_ONCE = 2 * GROUP_CAP
 # The operations that delete answer only once the file is rewritten without the deleted rows
 # (SPEC §5.4); taken in together, so that those arriving while one waits share its rewrite.
 DELETIONS = frozenset({"forget", "purge", "subject", "reap"})
-WRITES = DELETIONS | {"remember", "remember_all"}  # what commits events for the relay
+WRITES = DELETIONS | {"remember", "remember_all", "import"}  # what commits events for the relay
 DELETIONS_AT_ONCE = 64
 
 
@@ -82,6 +83,13 @@ def _extras(extras: Extras | None) -> dict[str, Any]:
     expires = extras.expiration_date
     return {"extras": extras.model_dump_json(by_alias=True, exclude_none=True),
             "expires_at": None if expires is None else datetime.combine(expires, time())}
+
+
+def _answer(stored: Stored, command: StoreRemember) -> RememberResult:
+    """A remember's answer; a replay's is the first one (`Stored.replayed`)."""
+    masked = json.loads(stored.masked) if stored.replayed and stored.masked else command.masked
+    return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
+                          superseded=stored.superseded, masked=masked)
 
 
 def memory_of(row: Row) -> Memory:
@@ -150,6 +158,7 @@ class StorageActor(ActorBase):
         deletions are taken in many at once, to share a commit or a rewrite."""
         answers: dict[str, Handler] = {
             "remember": self.remember, "remember_all": self.remember_all,
+            "import": self.import_memories,
             "list": self.list_memories, "forget": self.forget,
             "scope": self.recall_scope, "rows": self.rows, "catalog": self.catalog,
             "texts": self.texts,
@@ -178,18 +187,31 @@ class StorageActor(ActorBase):
         return relaying
 
     @staticmethod
-    def _remember(command: StoreRemember) -> Remember:
+    def _remember(command: StoreRemember, *,
+                  rate: Literal["remembers", "imports"] | None = "remembers") -> Remember:
+        """`rate`: the hourly limit that counts it (a bulk import's is its own budget, under
+        `imported(credential)`; the operator's import has none)."""
         owner = command.owner
         return Remember(
             Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
                     command.collection_id),
-            memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
+            memory_id=str(uuid.uuid4()),
+            credential_id=(imported(command.credential_id) if rate == "imports"
+                           else command.credential_id),
             text=command.text, retention_days=command.retention_days,
             citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
             derived_from=tuple(command.derived_from), member_id=command.member_id,
-            **_extras(command.extras))
+            rate=rate, idempotency=command.idempotency,
+            created_at=None if command.created_at is None else naive(command.created_at),
+            masked=json.dumps(command.masked), **_extras(command.extras))
 
     def _refusal(self, reached: LimitReachedError) -> MemgateError:
+        if reached.limit == "imports":
+            metrics.RATE_LIMITED.labels("importsPerHour").inc()
+            return RateLimitedError(
+                f"at most {self._limits.imports_per_hour} imported memories per hour per "
+                "credential", {"retryAfterSeconds": reached.retry_after,
+                               "limit": "importsPerHour"})
         if reached.retry_after is not None:
             metrics.RATE_LIMITED.labels("remembersPerHour").inc()
             return RateLimitedError(
@@ -208,8 +230,28 @@ class StorageActor(ActorBase):
                 stored = await self._remembers(self._remember(command))
         except LimitReachedError as reached:
             raise self._refusal(reached) from None
-        return RememberResult(memory_id=stored.memory_id, created_at=stored.created_at,
-                              superseded=stored.superseded, masked=command.masked)
+        return _answer(stored, command)
+
+    async def import_memories(self, payload: bytes) -> ImportResult:
+        """A bulk import in one job of the writer (one transaction, one INSERT), each item
+        stored or refused alone as a remember would be, counted by the import budget."""
+        command = parse(StoreImport, payload)
+        items = [self._remember(item, rate=None if command.operator else "imports")
+                 for item in command.items]
+        with tracing.span("storage commit"):
+            outcomes = await self._serial(lambda: self.store.remember_group(items,
+                                                                            self._limits))
+        result = ImportResult()
+        for index, (outcome, item) in enumerate(zip(outcomes, command.items, strict=True)):
+            if isinstance(outcome, LimitReachedError):
+                result.refused.append(ImportRefusal(
+                    index=index, error=Failure.of(self._refusal(outcome)).error))
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                result.stored.append(ImportedMemory(
+                    index=index, **_answer(outcome, item).model_dump()))
+        return result
 
     async def remember_all(self, payload: bytes) -> RememberedAll:
         """Versions committed together, or none of them if a limit refuses one."""

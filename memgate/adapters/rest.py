@@ -13,9 +13,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
@@ -28,7 +28,7 @@ from memgate.adapters import console, rest_admin, rest_erasure, rest_mem0, rest_
 from memgate.adapters import rest_spaces
 from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
-from memgate.adapters.rest_admin import Token, bearer
+from memgate.adapters.rest_admin import PathId, Token, bearer
 from memgate.adapters.routing import token_of
 from memgate.bus import BusClient, subjects
 from memgate.bus.replies import Handler
@@ -40,6 +40,7 @@ from memgate.contracts.errors import (
     UnauthenticatedError, ValidationFailedError,
 )
 from memgate.contracts.internal import Ready
+from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX, ImportRequest, ImportResult
 
 log = logging.getLogger("memgate.rest")
 
@@ -48,6 +49,10 @@ E = TypeVar("E", bound=Callable[..., Any])
 
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+# A write retried with the same key gets its first answer (the body's `idempotencyKey`).
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                              max_length=IDEMPOTENCY_KEY_MAX)]
 
 
 # A ready actor answers in about a millisecond; a probe must not hang on one that is not.
@@ -148,8 +153,28 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     @app.post("/api/agent/v1/memories/remember", tags=["memories"],
               responses=responses(*COMMON, 409, 429))
     @command(subjects.REMEMBER, RememberResult)
-    async def remember(body: RememberRequest, token: Token) -> RememberResult:
+    async def remember(body: RememberRequest, token: Token,
+                       idempotency_key: IdempotencyKey = None) -> RememberResult:
+        if idempotency_key is not None:
+            body = body.model_copy(update={"idempotency_key": idempotency_key})
         return await call(subjects.REMEMBER, RememberResult, token, body)
+
+    @app.post("/api/agent/v1/memories/import", tags=["memories"],
+              responses=responses(*COMMON, 429))
+    @command(subjects.IMPORT, ImportResult)
+    async def import_memories(body: ImportRequest, token: Token) -> ImportResult:
+        """Up to 1,000 remember bodies (each may carry its `idempotencyKey`), each governed
+        as a remember and stored or refused alone, in one transaction."""
+        return await call(subjects.IMPORT, ImportResult, token, body)
+
+    @app.post("/api/admin/workspaces/{wsId}/memories/import", tags=["admin"],
+              responses=responses(*COMMON))
+    @command(subjects.IMPORT, ImportResult)
+    async def operator_import(wsId: PathId, body: ImportRequest, token: Token) -> ImportResult:
+        """The operator's import (admin token): each item also names its `memberId`, and may
+        keep its `createdAt`."""
+        return await call(subjects.IMPORT, ImportResult, token,
+                          body.model_copy(update={"workspace_id": wsId}))
 
     @app.post("/api/agent/v1/memories/recall", tags=["memories"], responses=responses(*COMMON))
     @command(subjects.RECALL, RecallResult)

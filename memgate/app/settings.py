@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     limit_remembers_per_hour: int = Field(default=120, ge=1)  # per credential (SPEC §3.9)
     # per member and workspace: every version they wrote, agent memories and every space's
     limit_versions_per_member: int = Field(default=5000, ge=1)
+    # per credential: memories of bulk imports in any hour, a budget apart from its remembers
+    # (the operator's own import, with the admin token, is counted by none)
+    limit_imports_per_hour: int = Field(default=10_000, ge=1)
     # Memory spaces, sessions and events, per member and workspace: at most so many held (the
     # spaces and sessions they created, the events they posted; 409 MEMORY_SPACE_FULL) and at
     # most so many made in any hour (429 MEMORY_SPACE_RATE_LIMITED, with Retry-After).

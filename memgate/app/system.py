@@ -102,7 +102,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
                             publisher=publisher("storage"), bus=bus("storage"),
                             partitions=settings.partitions,
                             limits=Limits(settings.limit_remembers_per_hour,
-                                          settings.limit_versions_per_member))
+                                          settings.limit_versions_per_member,
+                                          settings.limit_imports_per_hour))
 
     storages = {p: storage(p) for p in settings.partition_names() if wanted(f"storage.{p}")}
 
@@ -111,13 +112,15 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         return GovernanceActor.on_bus(bus("governance", local=local),
                                       partitions=settings.partitions, serves=governs,
                                       names_partitions=bool(settings.routes) and not
-                                      set(governs).isdisjoint(subjects.BESIDE_STORAGE))
+                                      set(governs).isdisjoint(subjects.BESIDE_STORAGE),
+                                      admin_token=lambda: admin_token(settings))
 
     def partition_governance(partition: str) -> Actor:
         """In a cluster: the agents' commands sent for a partition this process owns."""
         return GovernanceActor.on_bus(
             bus("governance", local=answered([storages[partition]])),
-            partitions=settings.partitions, serves=subjects.BESIDE_STORAGE, partition=partition)
+            partitions=settings.partitions, serves=subjects.BESIDE_STORAGE, partition=partition,
+            admin_token=lambda: admin_token(settings))
 
     def indexer(partition: str) -> Actor:
         root = settings.text_index(partition)

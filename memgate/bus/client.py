@@ -6,13 +6,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import nats
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 from pydantic_core import PydanticSerializationError
 from nats.aio.client import Client as NatsConnection
 from nats.aio.msg import Msg
@@ -25,6 +25,7 @@ from memgate.contracts import (
     Contract, Envelope, ForgetRequest, ForgetResult, ListRequest, ListResult, RecallRequest,
     RecallResult, RememberRequest, RememberResult,
 )
+from memgate.contracts.memory import ImportRequest, ImportResult
 from memgate.contracts.errors import (
     MemgateError, OutcomeUnknownError, PayloadTooLargeError, UnavailableError,
     ValidationFailedError,
@@ -238,11 +239,22 @@ class MemgateClient:
         return cls(await nats.connect(**options), token, timeout=timeout)
 
     async def remember(self, namespace: str, text: str, *, key: str | None = None,
-                       collection_id: str | None = None,
-                       citations: list[str] | None = None) -> RememberResult:
+                       collection_id: str | None = None, citations: list[str] | None = None,
+                       idempotency_key: str | None = None) -> RememberResult:
+        """`idempotency_key`: a retry with the same key gets the first answer, writing nothing."""
         body = _build(RememberRequest, namespace=namespace, text=text, key=key,
-                      collection_id=collection_id, citations=citations or [])
+                      collection_id=collection_id, citations=citations or [],
+                      idempotency_key=idempotency_key)
         return await self._bus.command(subjects.REMEMBER, self._token, body, RememberResult)
+
+    async def import_memories(self, items: Sequence[RememberRequest | JsonValue]
+                              ) -> ImportResult:
+        """Up to 1,000 remembers at once, each stored or refused alone (`ImportResult`: by
+        position); an item with an `idempotency_key` is stored once however often it is sent."""
+        body = _build(ImportRequest, items=[
+            item.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if isinstance(item, RememberRequest) else item for item in items])
+        return await self._bus.command(subjects.IMPORT, self._token, body, ImportResult)
 
     async def recall(self, query: str, *, namespace: str | None = None,
                      collection_id: str | None = None, as_of: datetime | None = None,

@@ -18,7 +18,8 @@ from typing import Final
 
 from memgate.bus import subjects
 
-PUBLIC_COMMANDS: Final = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET)
+PUBLIC_COMMANDS: Final = (subjects.REMEMBER, subjects.RECALL, subjects.LIST, subjects.FORGET,
+                          subjects.IMPORT)
 ANY: Final = "*"  # any partition
 # The public commands an agent may also send for its partition (`subjects.partitioned`).
 PARTITIONED_COMMANDS: Final = tuple(subjects.partitioned(command, ANY)
@@ -87,9 +88,10 @@ RECALL_READS: Final = ("scope", "rows")  # the storage operations recall asks
 
 ROLES: Final[dict[str, Role]] = {
     "governance": Role(
-        publish=(subjects.DIRECTORY_PRINCIPAL, subjects.registry("scope"),
-                 subjects.registry("check_remember"), subjects.registry("verify"),
-                 *(subjects.store(ANY, op) for op in ("remember", "list", "forget")),
+        publish=(subjects.DIRECTORY_PRINCIPAL, subjects.DIRECTORY_MEMBER,  # the operator's import
+                 subjects.registry("scope"), subjects.registry("check_remember"),
+                 subjects.registry("verify"),
+                 *(subjects.store(ANY, op) for op in ("remember", "list", "forget", "import")),
                  subjects.recall_internal(), SERVICE_REPLIES),
         subscribe=(*PUBLIC_COMMANDS, *PARTITIONED_COMMANDS, subjects.PRINCIPALS_CHANGED,
                    _ready("governance"), _ready("governance", partitioned=True))),
@@ -146,6 +148,7 @@ ROLES: Final[dict[str, Role]] = {
                    for op in ("access", "entity", "settle", "entities", "scope", "llm")),
                  *(subjects.store(ANY, op)
                    for op in ("remember", "remember_all", "list", "forget")),
+                 subjects.spaces_internal("profiles.*"),  # user profiles (ports.profiles)
                  subjects.recall_internal()),
         subscribe=(subjects.space("memories.>"), subjects.space_memories_internal(">"),
                    _ready("space-memories")),

@@ -12,11 +12,12 @@ REMEMBER: Final = "mem.cmd.remember"
 RECALL: Final = "mem.cmd.recall"
 LIST: Final = "mem.cmd.list"
 FORGET: Final = "mem.cmd.forget"
+IMPORT: Final = "mem.cmd.import"  # a bulk import of agent memories (up to 1,000 remembers)
 # The commands governed beside storage. In a cluster each may also be sent for a partition
 # (`partitioned`): to the governance on the node that owns it, whose node a plain command's
 # reply names in this header (docs/DECISIONS.md, "An agent's commands go to its partition's
 # node").
-BESIDE_STORAGE: Final = (REMEMBER, LIST, FORGET)
+BESIDE_STORAGE: Final = (REMEMBER, LIST, FORGET, IMPORT)
 PARTITION_HEADER: Final = "Memgate-Partition"
 
 

@@ -45,6 +45,16 @@ class StoreRemember(Contract):
     citations: list[Citation] = Field(default_factory=list)
     derived_from: list[str] = Field(default_factory=list, max_length=10_000)  # source records
     extras: Extras | None = None  # a mem0 memory's metadata (masked), timestamp, expiry
+    idempotency: str | None = None  # the SHA-256 of the caller's idempotency key
+    created_at: datetime | None = None  # kept from elsewhere: the operator's import only
+
+
+class StoreImport(Contract):
+    """A bulk import's governed items (one owner's partition), stored in one transaction, each
+    stored or refused alone. `operator`: the operator's, counted by no hourly budget."""
+
+    items: list[StoreRemember] = Field(min_length=1, max_length=1000)
+    operator: bool = False
 
 
 class StoreRememberAll(Contract):

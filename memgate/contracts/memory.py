@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from memgate.contracts.base import Contract, Id, Instant
 from memgate.contracts.registry import Citation
+from memgate.contracts.reply import ErrorBody
 
 SourceState = Literal["current", "changed"]
 
@@ -17,12 +18,35 @@ class _TimeTravel(Contract):
     as_of: Instant | None = None  # converted to UTC
 
 
+IDEMPOTENCY_KEY_MAX = 255
+IMPORT_AT_MOST = 1000  # items of one bulk import
+
+
 class RememberRequest(Contract):
     namespace: str = Field(min_length=1, max_length=64)
     text: str = Field(min_length=1, max_length=1000)
     key: str | None = Field(default=None, min_length=1, max_length=120)
     collection_id: str | None = Field(default=None, min_length=1, max_length=64)
     citations: list[Id] = Field(default_factory=list, max_length=20)  # passage ids
+    # A retry with the same key (the member's, within 24 h) gets the first answer and writes
+    # nothing (REST: the `Idempotency-Key` header).
+    idempotency_key: str | None = Field(default=None, min_length=1,
+                                        max_length=IDEMPOTENCY_KEY_MAX)
+
+
+class OperatorImportItem(RememberRequest):
+    """An item of the operator's import: whose memory it is, and when it was first made."""
+
+    member_id: Id
+    created_at: Instant | None = None  # converted to UTC; now when absent
+
+
+class ImportRequest(Contract):
+    """A bulk import: remember bodies (`RememberRequest`; the operator's, naming the workspace,
+    `OperatorImportItem`), each read and governed alone, so a bad item is refused alone."""
+
+    items: list[JsonValue] = Field(min_length=1, max_length=IMPORT_AT_MOST)
+    workspace_id: Id | None = None  # the operator's import only
 
 
 class RecallRequest(_TimeTravel):
@@ -99,6 +123,23 @@ class RememberResult(Contract):
     created_at: datetime
     superseded: int
     masked: dict[str, int] = Field(default_factory=dict)
+
+
+class ImportedMemory(RememberResult):
+    index: int  # the item's position in the request
+
+
+class ImportRefusal(Contract):
+    index: int
+    error: ErrorBody
+
+
+class ImportResult(Contract):
+    """Each item's answer, by its position: stored (the first answer, for a key given before),
+    or refused with the error a remember would have answered."""
+
+    stored: list[ImportedMemory] = Field(default_factory=list)
+    refused: list[ImportRefusal] = Field(default_factory=list)
 
 
 class ListResult(Contract):

@@ -7,11 +7,12 @@ from typing import Protocol
 
 from memgate.bus import subjects
 from memgate.contracts import ForgetResult, ListResult, RememberResult
+from memgate.contracts.memory import ImportResult
 from memgate.contracts.erasure import SubjectCount, SubjectTarget
 from memgate.contracts.internal import (
     CatalogRequest, CatalogRows, OwnedText, Owner, Reaped, RecallFilters, RecallScope,
     RememberedAll, Rows, RowsRequest, StoreForget, StorePurge, StoreQuery, StoreReap,
-    StoreRemember, StoreRememberAll, Texts, TextsRequest,
+    StoreImport, StoreRemember, StoreRememberAll, Texts, TextsRequest,
 )
 from memgate.ports.bus import Requester
 from memgate.runtime.actor import partition_of
@@ -22,6 +23,10 @@ class Storage(Protocol):
 
     async def remember_all(self, command: StoreRememberAll) -> RememberedAll:
         """Every version stored, or none if a limit refuses one."""
+        ...
+
+    async def import_memories(self, command: StoreImport) -> ImportResult:
+        """Each item stored or refused alone, in one transaction; positions as in `items`."""
         ...
 
     async def list(self, query: StoreQuery) -> ListResult: ...
@@ -57,6 +62,10 @@ class BusStorage:
     async def remember_all(self, command: StoreRememberAll) -> RememberedAll:
         return await self._bus.request(self._subject(command.items[0].owner.tenant,
                                                      "remember_all"), command, RememberedAll)
+
+    async def import_memories(self, command: StoreImport) -> ImportResult:
+        return await self._bus.request(self._subject(command.items[0].owner.tenant, "import"),
+                                       command, ImportResult)
 
     async def list(self, query: StoreQuery) -> ListResult:
         return await self._bus.request(self._subject(query.owner.tenant, "list"), query,

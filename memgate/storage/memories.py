@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 import duckdb
 
 from memgate.contracts.internal import SPACE_OWNER_PREFIX
-from memgate.storage import compaction, outbox
+from memgate.storage import compaction, idempotency, outbox
+from memgate.storage.idempotency import Scoped
 from memgate.storage.memory_rows import (
     Filters, LimitReachedError, Limits, Remember, Stored, StoredEvent, key_of, naive, stored_json,
 )
@@ -58,7 +59,8 @@ CREATE TABLE IF NOT EXISTS relayed (
 
 
 _DEFAULT_LIMITS = Limits()
-_Counted = tuple[str, tuple[str, str], datetime]  # credential, (tenant, member), instant
+# credential (None: counted by no rate), (tenant, member), instant
+_Counted = tuple[str | None, tuple[str, str], datetime]
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,13 @@ class _Inserted(NamedTuple):
                        self.created_at, self.superseded_at, self.citations, self.extras)
 
 
+def _scoped(item: Remember) -> Scoped | None:
+    """Where an item's idempotency key applies: its workspace and writing member."""
+    if item.idempotency is None:
+        return None
+    return Scoped(item.filters.tenant, item.writer, item.idempotency)
+
+
 def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
             rows: Sequence[tuple[Any, ...]]) -> None:
     into, row, unnested = statement
@@ -167,6 +176,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         self._unsent = outbox.Unsent(self._read_unsent, self._forget_sent)
         self._mirror = Recent(floor=int(highest))  # no version above the newest yet
         compaction.create(self._db)
+        self._records = idempotency.Records(self._db)
         # Rows deleted since the file was last rewritten (read by the owner's event loop).
         self.deletions_pending = compaction.pending(self._db)
         if self.deletions_pending:  # deleted before a crash, not rewritten since
@@ -224,7 +234,8 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             return [outcome for item in items
                     for outcome in self.remember_group([item], limits)]
         for credential, writer, created in counted:
-            self._window[credential].append(created)
+            if credential is not None:
+                self._window[credential].append(created)
             self._counted[writer] += 1
         if written is not None:
             self._high = max(self._high, written.versions[-1].seq)
@@ -279,29 +290,47 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                       ) -> tuple[list[Stored | Exception], list[_Counted], _Written | None]:
         """The outcomes, what the limits are to count once committed (credential, owner,
         instant) and what was written. Counted in the partition's single writer, so the limits
-        hold however many governance processes there are."""
+        hold however many governance processes there are. An item whose idempotency key has an
+        answer (kept, or given to an earlier item of the group) gets it, and writes nothing."""
         db = self._db
-        hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
-        recent = self._recent(sorted({i.credential_id for i in items}), hour_ago)
+        now = datetime.now(UTC).replace(tzinfo=None)
+        hour_ago = now - timedelta(hours=1)
+        recent = self._recent(sorted({i.credential_id for i in items if i.rate}), hour_ago)
         versions = self._versions({(i.filters.tenant, i.writer) for i in items})
+        answers = self._records.answered(db, {s for i in items if (s := _scoped(i))}, now)
         outcomes: list[Stored | Exception | None] = []  # None: accepted, stored below
         accepted: list[tuple[int, Remember, datetime]] = []  # (outcome index, item, created)
+        claimed: dict[Scoped, int] = {}  # key → the position of the accepted item it names
+        again: list[tuple[int, int]] = []  # (outcome index, position) of a key given twice
         for item in items:
             count, oldest = recent.get(item.credential_id, (0, None))
             writer = (item.filters.tenant, item.writer)
-            if count >= limits.remembers_per_hour:
+            limit = item.limit(limits)
+            scoped = _scoped(item)
+            if scoped is not None and (answer := answers.get(scoped)) is not None:
+                outcomes.append(Stored(answer.memory_id, answer.seq,
+                                       answer.created_at.replace(tzinfo=UTC), answer.superseded,
+                                       masked=answer.masked, replayed=True))
+            elif scoped is not None and scoped in claimed:
+                again.append((len(outcomes), claimed[scoped]))
+                outcomes.append(None)
+            elif limit is not None and count >= limit:
                 assert oldest is not None
                 wait = int((oldest - hour_ago).total_seconds()) + 1
-                outcomes.append(LimitReachedError("rate", min(3600, max(1, wait))))
+                outcomes.append(LimitReachedError("rate" if item.rate == "remembers"
+                                                  else "imports", min(3600, max(1, wait))))
             elif versions.get(writer, 0) >= limits.versions_per_member:
                 outcomes.append(LimitReachedError("versions"))
             else:
-                created = self._instant()
-                recent[item.credential_id] = (count + 1, oldest or created)
+                created = item.created_at or self._instant()
+                if item.rate is not None:
+                    recent[item.credential_id] = (count + 1, oldest or created)
                 versions[writer] = versions.get(writer, 0) + 1
+                if scoped is not None:
+                    claimed[scoped] = len(accepted)
                 accepted.append((len(outcomes), item, created))
                 outcomes.append(None)
-        if not accepted or (together and len(accepted) < len(items)):
+        if not accepted or (together and len(accepted) < len(items) - len(again)):
             return [o for o in outcomes if o is not None], [], None
         first = self._high + 1  # the mark moves once committed (`remember_group`)
         superseded_at: list[datetime | None] = [None] * len(accepted)
@@ -321,10 +350,16 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                       created, superseded_at[position], item.expires(created),
                       json.dumps(list(item.citations)), item.writer, item.extras)
             for position, (_, item, created) in enumerate(accepted)]
-        if newest:  # superseding: the UPDATE and the INSERT commit together
+        if newest or claimed:  # the UPDATE, the INSERT and the records commit together
             with transaction(db):
                 superseded = self._supersede(accepted, newest, superseding)
                 _insert(db, _MEMORIES, rows)
+                if claimed:
+                    _insert(db, idempotency.INSERT, [
+                        (*scoped, rows[position].memory_id, rows[position].seq,
+                         rows[position].created_at, superseding[position],
+                         accepted[position][1].masked, now)
+                        for scoped, position in claimed.items()])
         else:
             superseded = []
             _insert(db, _MEMORIES, rows)  # one statement: its own transaction
@@ -332,11 +367,17 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             outcomes[index] = Stored(memory_id=item.memory_id, seq=first + position,
                                      created_at=created.replace(tzinfo=UTC),
                                      superseded=superseding[position])
+        for index, position in again:
+            stored = outcomes[accepted[position][0]]
+            assert isinstance(stored, Stored)
+            outcomes[index] = replace(stored, masked=accepted[position][1].masked,
+                                      replayed=True)
         written = _Written(
             versions=[row.version() for row in rows],
             superseded=superseded)
         return [o for o in outcomes if o is not None], [
-            (item.credential_id, (item.filters.tenant, item.writer), created)
+            (item.credential_id if item.rate is not None else None,
+             (item.filters.tenant, item.writer), created)
             for _, item, created in accepted], written
 
     def _supersede(self, accepted: list[tuple[int, Remember, datetime]],

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from memgate.storage.recent import Version
 
@@ -49,12 +49,15 @@ class Stored:
     seq: int
     created_at: datetime
     superseded: int
+    masked: str | None = None  # JSON: a replay's first answer's (`Remember.idempotency`)
+    replayed: bool = False  # the first answer under the item's idempotency key: nothing written
 
 
 @dataclass(frozen=True)
 class Limits:
     remembers_per_hour: int = 120  # per credential
     versions_per_member: int = 5000  # per member and workspace, every version they wrote
+    imports_per_hour: int = 10_000  # per credential: memories of bulk imports (the budget)
 
 
 class LimitReachedError(Exception):
@@ -92,16 +95,35 @@ class Remember:
     member_id: str | None = None  # who writes it (a space's memory); None: its owner
     extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
     expires_at: datetime | None = None  # naive UTC: sooner than the retention, if earlier
+    # The hourly limit that counts it, per credential: a remember's, a bulk import's (whose
+    # credential is `imported(credential)`, so that the two never count each other), or none
+    # (the operator's import).
+    rate: Literal["remembers", "imports"] | None = "remembers"
+    created_at: datetime | None = None  # naive UTC: kept from elsewhere (the operator's import)
+    idempotency: str | None = None  # the SHA-256 of the caller's key (`storage.idempotency`)
+    masked: str = "{}"  # JSON: what governance masked, kept with the idempotency record
 
     def expires(self, created: datetime) -> datetime:
         """When the version expires: after `retention_days`, or at `expires_at` if sooner."""
         retained = created + timedelta(days=self.retention_days)
         return retained if self.expires_at is None else min(retained, self.expires_at)
 
+    def limit(self, limits: Limits) -> int | None:
+        """How many of its `rate` a credential may write per hour (None: unlimited)."""
+        if self.rate is None:
+            return None
+        return limits.remembers_per_hour if self.rate == "remembers" else limits.imports_per_hour
+
     @property
     def writer(self) -> str:
         """The member whose version limit counts this version."""
         return self.member_id if self.member_id is not None else self.filters.subject_id
+
+
+def imported(credential_id: str) -> str:
+    """The credential a bulk import's versions are stored under: its budget is counted apart
+    from the credential's remembers."""
+    return f"{credential_id}:import"
 
 
 # The payload of the event announcing a stored version, built from its row (so a file needs no
