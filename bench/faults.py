@@ -12,8 +12,8 @@ always stays: JetStream's quorum):
 - `wipe`: kill -9, its data directory deleted, started again empty 5-15 s later.
 
 Every answer is classed: 200 (acknowledged: its memory id), 503 (documented as "not written"),
-a timeout or a dropped connection (unknown: asked again with the same key once the schedule is
-over), anything else. Once every node is back and healthy, the memories are listed through every
+504, a timeout or a dropped connection (unknown: asked again with the same key once the schedule
+is over), anything else. Once every node is back and healthy, the memories are listed through every
 node and checked: every acknowledged write listed exactly once through every node; no write
 answered 503 visible; an unknown write visible at most once, and its retry with the same key
 answers the memory listed; the nodes' listings equal. Prints a table per run; exit 1 when a
@@ -101,8 +101,11 @@ async def agent(n: int, nodes: list[Node], auth: dict[str, str], seen: Outcomes,
             continue
         if answer.status_code == 200:
             seen.acked[text] = answer.json()["memoryId"]
-        elif answer.status_code == 503:  # "retry later": a client backs off
+        elif answer.status_code == 503:  # "not written, retry later": a client backs off
             seen.refused.add(text)
+            await asyncio.sleep(0.2)
+        elif answer.status_code == 504:  # it may have been written: asked again with the key
+            seen.unknown[text] = key
             await asyncio.sleep(0.2)
         else:
             seen.other[answer.status_code] += 1
@@ -156,7 +159,7 @@ async def check(nodes: list[Node], auth: dict[str, str], seen: Outcomes) -> dict
     return {
         "acknowledged": len(seen.acked),
         "answered 503": len(seen.refused),
-        "timed out or dropped": len(seen.unknown),
+        "504, timed out or dropped": len(seen.unknown),
         "other answers": sum(seen.other.values()),
         "acknowledged, missing on some node": sum(
             any(c[text] == 0 for c in counts) for text in seen.acked),
