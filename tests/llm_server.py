@@ -4,8 +4,9 @@
 `POST /v1/chat/completions` answers like OpenAI: in `ok` mode, one fact per line of the
 conversation (the text after "speaker: "), as `{"facts": [...]}`; `5xx` answers 500; `slow`
 waits 30 s before answering; `badjson` answers a completion whose content is not JSON.
-`GET /_received` lists the request bodies received so far (the tests check that the LLM never
-saw personal data); `POST /_mode` with `{"mode": ...}` switches the mode.
+A profile request (`policy.profiles`' prompt) is answered with a profile the schema
+validates (`profile_of`). `GET /_received` lists the request bodies received so far (the tests
+check that the LLM never saw personal data); `POST /_mode` with `{"mode": ...}` switches the mode.
 """
 
 from __future__ import annotations
@@ -32,6 +33,27 @@ def facts_of(messages: list[dict[str, Any]]) -> list[str]:
     user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     lines = str(user).split("\n")[1:]  # after "Conversation:"
     return [line.split(": ", 1)[-1].strip() for line in lines if line.strip()]
+
+
+PROFILE_EMAIL = "profile.bot@example.com"  # in every profile: memgate must mask it
+
+
+def profile_of(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A profile request's answer (None: not one): every string property of the schema the
+    facts joined (and an e-mail address), every array property the facts."""
+    system = str(next((m["content"] for m in messages if m.get("role") == "system"), ""))
+    if not system.startswith("You build a user's profile"):
+        return None
+    schema = json.loads(system.split("JSON Schema:\n", 1)[1].split("\n", 1)[0])
+    user = str(next((m["content"] for m in messages if m.get("role") == "user"), ""))
+    facts = [line[2:] for line in user.split("\n") if line.startswith("- ")]
+    profile: dict[str, Any] = {}
+    for name, spec in schema.get("properties", {}).items():
+        if spec.get("type") == "array":
+            profile[name] = facts
+        elif spec.get("type") == "string":
+            profile[name] = "; ".join(facts) + f" (written by {PROFILE_EMAIL})"
+    return profile
 
 
 def completion(model: str, content: str) -> dict[str, Any]:
@@ -84,6 +106,8 @@ def handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, completion(body.get("model", ""), '{"facts": []}'))
             elif mode == "badjson":
                 self._send(200, completion(body.get("model", ""), "Sure! Here are the facts:"))
+            elif (profile := profile_of(body.get("messages", []))) is not None:
+                self._send(200, completion(body.get("model", ""), json.dumps(profile)))
             else:
                 facts = facts_of(body.get("messages", []))
                 self._send(200, completion(body.get("model", ""),

@@ -53,6 +53,7 @@ from memgate.contracts.mem0 import (
     MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
 from memgate.contracts.spaces import Entity, Permission, SpaceAccess, SpaceRole
+from memgate.actors.space_profiles import SpaceProfiles
 from memgate.policy import extraction
 from memgate.policy.imports import Imported, imported
 from memgate.policy.masking import Masked, mask
@@ -64,6 +65,7 @@ from memgate.policy.metadata import (
 )
 from memgate.ports.bus import Requester
 from memgate.ports.llm import ChatModel, unavailable
+from memgate.ports.profiles import BusProfileState
 from memgate.ports.spaces import BusSpaces, Spaces
 from memgate.ports.storage import BusStorage, Storage
 from memgate.ports.services import BusRecall
@@ -305,6 +307,8 @@ class SpaceMemoriesActor(ActorBase):
         self._storage = storage
         self._chat = chat
         self._extract_timeout = extract_timeout_s
+        self._profiles = SpaceProfiles(spaces=self._spaces, state=BusProfileState(bus),
+                                       storage=storage, chat=chat)
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int, chat: ChatModel,
@@ -316,6 +320,7 @@ class SpaceMemoriesActor(ActorBase):
         await self._chat.start()
 
     async def stop(self) -> None:
+        await self._profiles.stop()
         await self._chat.stop()
 
     def endpoints(self) -> list[Endpoint]:
@@ -326,6 +331,7 @@ class SpaceMemoriesActor(ActorBase):
             "batch_update": self.batch_update, "batch_delete": self.batch_delete,
             "import": self.import_memories,
         }
+        public.update(self._profiles.public())  # mem0 2.2's user profiles
         handlers = {**{subjects.space(f"memories.{operation}"): enveloped(handler)
                        for operation, handler in public.items()},
                     subjects.space_memories_internal("extract"): self.extract}

@@ -10,6 +10,7 @@ member's quota of spaces (`storage.quotas`), counted by this single writer.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,10 @@ from memgate.contracts.erasure import SubjectTarget
 from memgate.contracts.internal import StorePurge, space_owner
 from memgate.contracts.sessions import SpaceDeleted
 from memgate.contracts.mem0 import SpaceLlm, SpaceLlmRequest
+from memgate.contracts.profiles import (
+    Job, JobLookup, JobRequest, ProfileLookup, ProfileOutcome, SettingsChange, SettingsRequest,
+    StoredProfile, StoredSettings,
+)
 from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled,
     Permission, Scope, ScopeRequest, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
@@ -34,6 +39,7 @@ from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.policy.masking import mask
 from memgate.policy.mem0 import compile_filters, namespaces
 from memgate.ports.bus import Requester
+from memgate.ports import profiles
 from memgate.ports.directory import BusDirectory
 from memgate.ports.storage import BusStorage
 from memgate.ports.services import BusSessions
@@ -42,6 +48,10 @@ from memgate.runtime.compaction import Compactions
 from memgate.storage.directory import hash_token
 from memgate.storage.quotas import SPACES, Quota
 from memgate.storage.spaces import EntityRow, SpaceRow, SpaceStore
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
 
 def _shown(url: str | None) -> str | None:
     """A space's llmBaseUrl as members see it: never with userinfo (a space stored before
@@ -104,10 +114,18 @@ class SpacesActor(ActorBase):
             "entities": self.entities, "scope": self.scope, "subject": self.subject,
             "llm": self.llm,
         }
+        kept: dict[str, Callable[[bytes], Awaitable[Contract]]] = {
+            "settings": self.profile_settings, "configure": self.configure_profiles,
+            "job": self.profile_job, "started": self.profile_job_started,
+            "find": self.find_profile_job, "profile": self.profile,
+            "record": self.record_profile,
+        }
         return [*(Endpoint(subjects.space(operation), enveloped(handler))
                   for operation, handler in public.items()),
                 *(Endpoint(subjects.spaces_internal(operation), handler)
                   for operation, handler in internal.items()),
+                *(Endpoint(profiles.subject(operation), handler)
+                  for operation, handler in kept.items()),
                 *self._dumps]
 
     # --- who is calling ---
@@ -212,6 +230,61 @@ class SpacesActor(ActorBase):
             return owners
 
         return target.model_copy(update={"owners": await self._serial(find)})
+
+    # --- user profiles (`storage.profiles`; the space-memories actor generates them) ---
+
+    async def profile_settings(self, payload: bytes) -> StoredSettings:
+        request = parse(SettingsRequest, payload)
+        return await self._serial(self.store.profiles.settings, request.space_id)
+
+    async def configure_profiles(self, payload: bytes) -> StoredSettings:
+        return await self._serial(self.store.profiles.configure, parse(SettingsChange, payload))
+
+    async def profile_job(self, payload: bytes) -> Job:
+        """The Idempotency-Key's job, or a new one: `trigger` for one user the space has
+        memories about (else 404), `sample` for its first users, up to `limit`."""
+        request = parse(JobRequest, payload)
+
+        def create() -> Job:
+            users = self.store.users(request.space_id)
+            if request.operation == "trigger":
+                users = [u for u in users if u == request.entity_id]
+                if not users:
+                    raise NotFoundError("no such user in this memory space",
+                                        {"field": "entity_id"})
+            return self.store.profiles.job(request, users[:request.limit], _now())
+
+        return await self._serial(create)
+
+    async def profile_job_started(self, payload: bytes) -> Done:
+        lookup = parse(JobLookup, payload)
+        await self._serial(self.store.profiles.started, lookup.space_id, lookup.job_id, _now())
+        return Done()
+
+    async def find_profile_job(self, payload: bytes) -> Job:
+        lookup = parse(JobLookup, payload)
+        return await self._serial(self.store.profiles.find_job, lookup.space_id, lookup.job_id)
+
+    async def profile(self, payload: bytes) -> StoredProfile:
+        lookup = parse(ProfileLookup, payload)
+
+        def read() -> StoredProfile:
+            known = lookup.entity_id in self.store.users(lookup.space_id)
+            return self.store.profiles.profile(lookup.space_id, lookup.entity_id, known, _now())
+
+        return await self._serial(read)
+
+    async def record_profile(self, payload: bytes) -> Done:
+        """A user's profile built (masked), or why not; a user erased meanwhile is not
+        brought back."""
+        outcome = parse(ProfileOutcome, payload)
+
+        def record() -> None:
+            if outcome.entity_id in self.store.users(outcome.space_id):
+                self.store.profiles.record(outcome, _now())
+
+        await self._serial(record)
+        return Done()
 
     # --- public commands ---
 

@@ -24,7 +24,9 @@ from fastapi.telemetry import TelemetryConfig
 from memgate.adapters.http_errors import (
     COMMON, REFUSED_BODY, BodyLimit, error_response, install_error_handlers, responses,
 )
-from memgate.adapters import console, rest_admin, rest_erasure, rest_mem0, rest_sessions
+from memgate.adapters import (
+    console, rest_admin, rest_erasure, rest_mem0, rest_mem0_profiles, rest_sessions,
+)
 from memgate.adapters import rest_spaces
 from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
@@ -197,7 +199,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
     # No path here overlaps another module's; among the modules the order matters
     # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
     app.include_router(rest_admin.router(send, command))
-    for module in (rest_spaces, rest_sessions, rest_mem0, rest_erasure):
+    for module in (rest_spaces, rest_sessions, rest_mem0, rest_mem0_profiles, rest_erasure):
         app.include_router(module.router(send, command))
     app.include_router(rest_metrics.router(send))
     app.include_router(console.router())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -94,13 +94,18 @@ def _json(result: Contract) -> Any:
     return data
 
 
-def router(send: Send, mark: Mark) -> APIRouter:
-    routes = APIRouter(prefix="/memory/{spaceId}", tags=["mem0-compatible"],
-                       route_class=Mem0Route)
+class Forward(Protocol):
+    async def __call__(self, request: Request, operation: str, result: type[Contract], *,
+                       body: bool = False, **params: str) -> Any: ...
 
-    async def forward(request: Request, operation: str, result: type[Contract],
-                      *, body: bool = False) -> Any:
-        params = {k: str(v) for k, v in request.path_params.items()}
+
+def forwarder(send: Send) -> Forward:
+    """Sends a mem0 route's request to `mem.space.memories.<operation>`: its path parameters,
+    the query parameters it knows, `params` (e.g. a header's value) and its JSON body."""
+
+    async def forward(request: Request, operation: str, result: type[Contract], *,
+                      body: bool = False, **params: str) -> Any:
+        params = {**{k: str(v) for k, v in request.path_params.items()}, **params}
         params.update({k: v[:QUERY_PARAM_MAX] for k, v in request.query_params.items()
                        if k in QUERY_PARAMS})
         data: dict[str, Any] = {}
@@ -117,6 +122,15 @@ def router(send: Send, mark: Mark) -> APIRouter:
         token = token_of(request.headers.get("Authorization"))
         return await send(subjects.space(f"memories.{operation}"), result, token, data,
                           **params)
+
+    return forward
+
+
+def router(send: Send, mark: Mark) -> APIRouter:
+    routes = APIRouter(prefix="/memory/{spaceId}", tags=["mem0-compatible"],
+                       route_class=Mem0Route)
+
+    forward = forwarder(send)
 
     @routes.get("/v1/ping/", responses=READS)
     async def mem0_ping(request: Request) -> JSONResponse:

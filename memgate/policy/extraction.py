@@ -34,7 +34,7 @@ def prompt(lines: Sequence[str]) -> list[dict[str, str]]:
             {"role": "user", "content": f"Conversation:\n{conversation}"}]
 
 
-def _unfenced(content: str) -> str:
+def unfenced(content: str) -> str:
     """Models often wrap JSON in a Markdown fence despite being told not to."""
     text = content.strip()
     if text.startswith("```"):
@@ -50,7 +50,7 @@ def facts(content: Any) -> list[str]:
     if not isinstance(content, str):
         raise MalformedAnswerError("the answer has no text content")
     try:
-        data = json.loads(_unfenced(content))
+        data = json.loads(unfenced(content))
     except ValueError:
         raise MalformedAnswerError("the answer is not JSON") from None
     found = data.get("facts") if isinstance(data, dict) else None
@@ -66,4 +66,4 @@ def facts(content: Any) -> list[str]:
     return kept[:FACTS_MAX]
 
 
-__all__ = ["FACTS_MAX", "SYSTEM_PROMPT", "MalformedAnswerError", "facts", "prompt"]
+__all__ = ["FACTS_MAX", "SYSTEM_PROMPT", "MalformedAnswerError", "facts", "prompt", "unfenced"]

@@ -123,7 +123,12 @@ def _spaces() -> SourceSpec:
         TableSpec("entities", Personal(
             subjects=lambda r: [memory_subject(space_owner(str(r["space_id"])),
                                                str(r["namespace"]))],
-            record=lambda r: f"{r['space_id']}/{r['namespace']}", tenant="space_id"))),
+            record=lambda r: f"{r['space_id']}/{r['namespace']}", tenant="space_id")),
+        TableSpec("profile_settings"),  # a schema and instructions, masked: no end user's
+        TableSpec("profiles", Personal(  # under the keys of the namespaces it was built from
+            subjects=lambda r: [memory_subject(space_owner(str(r["space_id"])), str(ns))
+                                for ns in r["namespaces"]] or [space_owner(str(r["space_id"]))],
+            record=lambda r: f"{r['space_id']}/profile", tenant="space_id"))),
         spaces.SCHEMA)
 
 

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from memgate.contracts.base import canonical_id
-from memgate.storage import compaction
+from memgate.storage import compaction, profiles
 from memgate.storage.directory import new_id
 from memgate.storage.quotas import SPACES, Key, Quota, Usage
 from memgate.storage.transaction import transaction
@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS entities (
     run_id VARCHAR
 );
 ALTER TABLE entities ADD COLUMN IF NOT EXISTS settled BOOLEAN DEFAULT true;
-"""
+""" + profiles.SCHEMA
 ENTITY_COLUMNS = "space_id, namespace, user_id, agent_id, run_id, settled"
 
 
@@ -98,6 +98,7 @@ class SpaceStore(compaction.Rewritable):
         # Pending rows this process wrote, none of whose adds stored yet: the adds under way.
         self._fresh: dict[str, dict[Ids, int]] = {}
         self.deletions_pending = False  # rows deleted since the last rewrite (`compact`)
+        self.profiles = profiles.ProfileStore(lambda: self._db)
         self.usage = Usage(quota, count=self._held, made=self._made)
 
     def _held(self, key: Key) -> int:
@@ -163,6 +164,7 @@ class SpaceStore(compaction.Rewritable):
         with transaction(self._db):
             for table in ("spaces", "shares", "entities"):
                 self._db.execute(f"DELETE FROM {table} WHERE space_id = ?", [space_id])
+            self.profiles.forget_space(space_id)
             compaction.mark(self._db)
         self.compact()  # its end users' ids leave the file
         gone = self._spaces.pop(space_id, None)
@@ -224,6 +226,12 @@ class SpaceStore(compaction.Rewritable):
         wanted = set(namespaces)
         return [entity for entity in known if entity.namespace in wanted]
 
+    def users(self, space_id: str) -> list[str]:
+        """The space's end users (mem0 `user_id`s) that memories were stored about, in the
+        order they came."""
+        return list(dict.fromkeys(e.user_id for e in self._entities.get(space_id, {}).values()
+                                  if e.user_id is not None and e.settled))
+
     def entities_of_user(self, workspace_id: str, user_id: str) -> list[EntityRow]:
         """Every entity naming this end user in the workspace's spaces, pending ones too (an
         erasure's subject: a pending row's memories may have been stored)."""
@@ -238,6 +246,8 @@ class SpaceStore(compaction.Rewritable):
             for entity in entities:
                 self._db.execute("DELETE FROM entities WHERE space_id = ? AND namespace = ?",
                                  [entity.space_id, entity.namespace])
+                if entity.user_id is not None:  # their profile goes with them
+                    self.profiles.forget_users(entity.space_id, [entity.user_id])
             compaction.mark(self._db)
         for entity in entities:
             self._entities.get(entity.space_id, {}).pop(entity.ids, None)

@@ -1,0 +1,89 @@
+"""REST routes: the rest of mem0 2.2.1's client under /memory/{spaceId} (SPEC §4.4). Bus
+clients only.
+
+The user-profile calls go to the space-memories actor like every mem0 route
+(`actors.space_profiles`). The calls memgate does not serve (`UNSERVED`: entity listing,
+exports, summaries, project settings, webhooks, feedback) answer mem0's own refusal: 404 with
+`detail` naming the call, which the client raises as its `MemoryNotFoundError`
+(docs/mem0-client.md lists every method of the client and what it gets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from memgate.adapters.http_errors import responses
+from memgate.adapters.rest_mem0 import READS, WRITES, Mem0Route, _json, forwarder, mem0_error
+from memgate.adapters.routing import Mark, Send
+from memgate.contracts.errors import NotFoundError
+from memgate.contracts.profiles import (
+    Profile, ProfileJobCreated, ProfileJobEnvelope, ProfileSettings,
+)
+
+KEY_HEADER_MAX = 256  # characters of an Idempotency-Key forwarded (the actor allows 8-128)
+
+# (method, path, the client's methods that call it) of each mem0 route memgate does not serve
+UNSERVED: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/v1/entities/", "users, delete_users(), reset"),
+    ("DELETE", "/v2/entities/{entityType}/{entityId}/", "delete_users"),
+    ("POST", "/v1/exports/", "create_memory_export"),
+    ("POST", "/v1/exports/get/", "get_memory_export"),
+    ("POST", "/v1/summary/", "get_summary"),
+    ("GET", "/api/v1/orgs/organizations/{orgId}/projects/{projectId}/", "get_project"),
+    ("PATCH", "/api/v1/orgs/organizations/{orgId}/projects/{projectId}/", "update_project"),
+    ("GET", "/api/v1/webhooks/projects/{projectId}/", "get_webhooks"),
+    ("POST", "/api/v1/webhooks/projects/{projectId}/", "create_webhook"),
+    ("PUT", "/api/v1/webhooks/{webhookId}/", "update_webhook"),
+    ("DELETE", "/api/v1/webhooks/{webhookId}/", "delete_webhook"),
+    ("POST", "/v1/feedback/", "feedback"),
+)
+
+
+def _refusal(calls: str) -> Callable[[], Awaitable[JSONResponse]]:
+    async def unserved() -> JSONResponse:
+        return mem0_error(NotFoundError(
+            f"memgate does not serve mem0's {calls} (see docs/mem0-client.md)",
+            {"unserved": calls}))
+
+    return unserved
+
+
+def router(send: Send, mark: Mark) -> APIRouter:
+    routes = APIRouter(prefix="/memory/{spaceId}", tags=["mem0-compatible"],
+                       route_class=Mem0Route)
+    forward = forwarder(send)
+
+    @routes.get("/v2/entities/{entityType}/{entityId}/profile/", responses=READS)
+    async def mem0_get_profile(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "profile", Profile)))
+
+    @routes.post("/v2/profiles/jobs/", responses=responses(400, 401, 403, 404, 409, 422, 503))
+    async def mem0_generate_profiles(request: Request) -> JSONResponse:
+        key = (request.headers.get("Idempotency-Key") or "")[:KEY_HEADER_MAX]
+        return JSONResponse(_json(await forward(request, "profile_job", ProfileJobCreated,
+                                                body=True, idempotencyKey=key)))
+
+    @routes.get("/v2/profiles/jobs/{jobId}/", responses=READS)
+    async def mem0_get_profile_job(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "profile_job_get",
+                                                ProfileJobEnvelope)))
+
+    @routes.get("/v2/profiles/settings/", responses=READS)
+    async def mem0_get_profile_settings(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "profile_settings", ProfileSettings)))
+
+    @routes.post("/v2/profiles/settings/", responses=WRITES)
+    async def mem0_update_profile_settings(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "profile_settings_update",
+                                                ProfileSettings, body=True)))
+
+    for method, path, calls in UNSERVED:
+        routes.add_api_route(path, _refusal(calls), methods=[method], include_in_schema=False,
+                             name=f"mem0_unserved_{method.lower()}_{path}")
+    return routes
+
+
+__all__ = ["UNSERVED", "router"]
