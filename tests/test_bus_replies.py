@@ -5,11 +5,13 @@ arrival order with one worker, graceful drain, and faststream for everything els
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import nats
 import pytest
 from nats.errors import NoRespondersError
 
+from memgate import MemgateClient
 from memgate.bus import BusClient, EmbeddedNats, NatsRouter, decode_reply, parse, replying
 from memgate.bus.connections import NatsBroker
 from memgate.bus.replies import reply_to
@@ -24,8 +27,11 @@ from memgate.bus.serving import RoutesBroker
 from memgate.contracts.errors import (
     MemgateError, NotFoundError, OutcomeUnknownError, PayloadTooLargeError, UnavailableError,
 )
+from memgate.bus import subjects
 from memgate.contracts.internal import Ready
+from memgate.contracts.memory import RememberResult
 from memgate.runtime.actor import readiness
+from memgate.tasks import cancelled
 
 SECRET = "the text of a memory"
 WAIT_S = 10.0
@@ -286,3 +292,34 @@ async def test_a_nats_server_that_cannot_start_says_why(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="address already in use"):
             async with EmbeddedNats(tmp_path / "nats", port=port):
                 pass
+
+
+async def test_the_agents_client_asks_again_under_the_same_idempotency_key_until_answered(
+        url: str, stack: AsyncExitStack) -> None:
+    """A remember that timed out (perhaps written) and then answered 503 (not written) is sent
+    again by `MemgateClient` on its own, every time under the key of its first try, so a
+    governance that stored the first try answers it and writes nothing more."""
+    nc = await client(url, stack)
+    tries: list[dict[str, Any]] = []
+
+    async def governance(payload: bytes) -> RememberResult:
+        tries.append(json.loads(payload)["body"])
+        if len(tries) == 1:
+            await asyncio.sleep(1.0)  # past the client's timeout
+        if len(tries) == 2:
+            raise UnavailableError("no owner now")
+        return RememberResult(memory_id="m-1", created_at=datetime.now(UTC), superseded=0)
+
+    async def answered(msg: Any) -> None:
+        await msg.respond(await reply_to(governance, msg.data, msg.subject))
+
+    async def received(msg: Any) -> None:  # each try in a task: the first one is slow
+        stack.push_async_callback(cancelled, asyncio.create_task(answered(msg)))
+
+    await nc.subscribe(subjects.REMEMBER, cb=received)
+    await nc.flush()
+    agent = await MemgateClient.connect(url, "token", timeout=0.3)
+    stack.push_async_callback(agent.close)
+    assert (await agent.remember("n", "the boiler is serviced in March")).memory_id == "m-1"
+    assert len(tries) == 3
+    assert len({t["idempotencyKey"] for t in tries}) == 1

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -214,6 +215,12 @@ class BusClient:
         return await self.request(subject, payload, result_type)
 
 
+# How long the client waits before each time it sends a command again (a 503: not done; a
+# timeout: perhaps done, which the idempotency key settles): a store moving to another node
+# takes ~10 s (docs/processes-and-cluster.md).
+RETRIES = (0.5, 1.0, 2.0, 4.0)
+
+
 class MemgateClient:
     """What an agent imports: `async with await MemgateClient.connect(url, token) as mem: ...`.
 
@@ -241,11 +248,22 @@ class MemgateClient:
     async def remember(self, namespace: str, text: str, *, key: str | None = None,
                        collection_id: str | None = None, citations: list[str] | None = None,
                        idempotency_key: str | None = None) -> RememberResult:
-        """`idempotency_key`: a retry with the same key gets the first answer, writing nothing."""
+        """Stored once, whatever the bus does: a 503 (not written) or a timeout (perhaps
+        written) is sent again on its own (`RETRIES`), under the same `idempotency_key` (one is
+        made when none is given), so a retry gets the first answer and writes nothing."""
         body = _build(RememberRequest, namespace=namespace, text=text, key=key,
                       collection_id=collection_id, citations=citations or [],
-                      idempotency_key=idempotency_key)
-        return await self._bus.command(subjects.REMEMBER, self._token, body, RememberResult)
+                      idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return await self._retried(subjects.REMEMBER, body, RememberResult)
+
+    async def _retried(self, subject: str, body: Contract, result_type: type[T]) -> T:
+        """A command that may be sent again: a read, or a write under an idempotency key."""
+        for wait_s in RETRIES:
+            try:
+                return await self._bus.command(subject, self._token, body, result_type)
+            except UnavailableError:  # OutcomeUnknownError too
+                await asyncio.sleep(wait_s)
+        return await self._bus.command(subject, self._token, body, result_type)
 
     async def import_memories(self, items: Sequence[RememberRequest | JsonValue]
                               ) -> ImportResult:
@@ -261,14 +279,14 @@ class MemgateClient:
                      limit: int = 10) -> RecallResult:
         body = _build(RecallRequest, query=query, namespace=namespace,
                       collection_id=collection_id, as_of=as_of, limit=limit)
-        return await self._bus.command(subjects.RECALL, self._token, body, RecallResult)
+        return await self._retried(subjects.RECALL, body, RecallResult)
 
     async def list(self, *, namespace: str | None = None, key: str | None = None,
                    collection_id: str | None = None, as_of: datetime | None = None,
                    limit: int = 20, cursor: str | None = None) -> ListResult:
         body = _build(ListRequest, namespace=namespace, key=key, collection_id=collection_id,
                       as_of=as_of, limit=limit, cursor=cursor)
-        return await self._bus.command(subjects.LIST, self._token, body, ListResult)
+        return await self._retried(subjects.LIST, body, ListResult)
 
     async def forget(self, *, memory_id: str | None = None, namespace: str | None = None,
                      key: str | None = None) -> ForgetResult:
