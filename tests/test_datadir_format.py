@@ -36,8 +36,9 @@ def unpacked(tmp_path: Path) -> Path:
 
 
 def listing(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under `root` and `root` itself: size, modification time, mode."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_mode)
-            for p in sorted(root.rglob("*"))}
+            for p in [root, *sorted(root.rglob("*"))]}
 
 
 def env(nats_port: int) -> dict[str, str]:
@@ -138,9 +139,11 @@ async def test_a_newer_directory_is_refused_in_one_line_and_left_untouched(
     refusal = (f"memgate: {data} is data directory format 2, this memgate reads formats up to 1:"
                " upgrade memgate to a release that reads format 2, or restore a backup taken "
                "before the upgrade into a new directory\n")
+    route = f"127.0.0.1:{free_port()}"
     commands = (["up", "--data-dir", str(data), "--http", f"127.0.0.1:{free_port()}"],
+                ["up", "--data-dir", str(data), "--node", "n1", "--cluster", route, "--routes",
+                 f"nats://{route}"],
                 ["backup", "--data-dir", str(data), "--out", str(tmp_path / "b.jsonl")],
-                ["export", "--data-dir", str(data), "--out", str(tmp_path / "e.jsonl")],
                 ["audit", "verify", "--data-dir", str(data)],
                 ["actors", "--only", "audit", "--nats", "nats://127.0.0.1:9", "--data-dir",
                  str(data)])

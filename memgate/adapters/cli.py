@@ -109,6 +109,8 @@ def up(
         overrides["http_host"], overrides["http_port"] = _host_port(http)
     if nats_url is not None:
         overrides["nats_url"] = nats_url
+    settings = Settings(**overrides)
+    cli_backup.readable(settings.data_dir, migrates=True)  # before the actors' code even loads
     from memgate.app.datadir import StartRefusedError
     from memgate.app.ram import RamDirectoryError
     from memgate.app.serve import serve  # the actors, REST and MCP: for this command only
@@ -117,7 +119,7 @@ def up(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        asyncio.run(serve(Settings(**overrides)))
+        asyncio.run(serve(settings))
     except (ChildFailedError, StartRefusedError, RamDirectoryError,
             UnavailableError) as failed:
         typer.echo(f"memgate: {failed}", err=True)

@@ -27,14 +27,15 @@ CONNECT_TIMEOUT_S = 10.0
 PAGE_TIMEOUT_S = 120.0  # a page of a large table, read and sealed
 
 
-def readable(data_dir: Path) -> None:
+def readable(data_dir: Path, *, migrates: bool = False) -> None:
     """Refuse, in one line and before opening anything, a directory this memgate does not read
-    as it is: a newer format, or a migration left half-done (`app.dataformat`)."""
+    as it is (a newer format, or a migration left half-done), or, for `memgate up`
+    (`migrates`), a newer one (`app.dataformat`)."""
     from memgate.app.dataformat import check
     from memgate.app.datadir import StartRefusedError
 
     try:
-        check(data_dir)
+        check(data_dir, migrates=migrates)
     except StartRefusedError as refused:
         typer.echo(f"memgate: {refused}", err=True)
         raise typer.Exit(1) from None
