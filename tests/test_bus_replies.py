@@ -19,9 +19,13 @@ import nats
 import pytest
 from nats.errors import NoRespondersError
 
+from mcp import types
+
 from memgate import MemgateClient
+from memgate.adapters.mcp_server import MemoryTools
 from memgate.bus import BusClient, EmbeddedNats, NatsRouter, decode_reply, parse, replying
 from memgate.bus.connections import NatsBroker
+from memgate.bus.client import RETRIES
 from memgate.bus.replies import reply_to
 from memgate.bus.serving import RoutesBroker
 from memgate.contracts.errors import (
@@ -294,18 +298,20 @@ async def test_a_nats_server_that_cannot_start_says_why(tmp_path: Path) -> None:
                 pass
 
 
-async def test_the_agents_client_asks_again_under_the_same_idempotency_key_until_answered(
-        url: str, stack: AsyncExitStack) -> None:
+@pytest.mark.parametrize("caller", ["MemgateClient", "MCP stdio"])
+async def test_a_remember_is_asked_again_under_the_same_idempotency_key_until_answered(
+        url: str, stack: AsyncExitStack, caller: str) -> None:
     """A remember that timed out (perhaps written) and then answered 503 (not written) is sent
-    again by `MemgateClient` on its own, every time under the key of its first try, so a
-    governance that stored the first try answers it and writes nothing more."""
+    again on its own by the agents' client and by the MCP stdio server, every time under the
+    key of its first try, so a governance that stored the first try answers it and writes
+    nothing more."""
     nc = await client(url, stack)
     tries: list[dict[str, Any]] = []
 
     async def governance(payload: bytes) -> RememberResult:
         tries.append(json.loads(payload)["body"])
         if len(tries) == 1:
-            await asyncio.sleep(1.0)  # past the client's timeout
+            await asyncio.sleep(1.0)  # past the caller's timeout
         if len(tries) == 2:
             raise UnavailableError("no owner now")
         return RememberResult(memory_id="m-1", created_at=datetime.now(UTC), superseded=0)
@@ -318,8 +324,15 @@ async def test_the_agents_client_asks_again_under_the_same_idempotency_key_until
 
     await nc.subscribe(subjects.REMEMBER, cb=received)
     await nc.flush()
-    agent = await MemgateClient.connect(url, "token", timeout=0.3)
-    stack.push_async_callback(agent.close)
-    assert (await agent.remember("n", "the boiler is serviced in March")).memory_id == "m-1"
+    if caller == "MemgateClient":
+        agent = await MemgateClient.connect(url, "token", timeout=0.3)
+        stack.push_async_callback(agent.close)
+        assert (await agent.remember("n", "the boiler is serviced in March")).memory_id == "m-1"
+    else:
+        tools = MemoryTools(BusClient(nc, timeout=0.3), credential=lambda _: "token",
+                            retries=RETRIES)
+        called = await tools.call_tool(None, types.CallToolRequestParams(  # type: ignore[arg-type]
+            name="remember_memory", arguments={"namespace": "n", "text": "the boiler"}))
+        assert not called.is_error and called.structured_content["memoryId"] == "m-1"
     assert len(tries) == 3
     assert len({t["idempotencyKey"] for t in tries}) == 1

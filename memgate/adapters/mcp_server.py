@@ -13,7 +13,9 @@ credential is each request's `Authorization: Bearer` header) and stdio (`serve_s
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from memgate.adapters.mcp_fence import (
     render_error, render_forgotten, render_list, render_recall, render_remembered,
 )
 from memgate.bus import BusClient, parse, subjects
+from memgate.bus.client import RETRIES
 from memgate.bus.replies import traceback_summary
 from memgate.contracts import (
     Contract, ForgetRequest, ForgetResult, ListRequest, ListResult, MemgateError, RecallRequest,
@@ -122,9 +125,11 @@ def tool_error(exc: MemgateError) -> types.CallToolResult:
 class MemoryTools:
     """The tool handlers, over a bus client; the credential is looked up per call."""
 
-    def __init__(self, bus: BusClient, *, credential: Credential) -> None:
+    def __init__(self, bus: BusClient, *, credential: Credential,
+                 retries: tuple[float, ...] = ()) -> None:
         self._bus = bus
         self._credential = credential
+        self._retries = retries  # the stdio server's; over HTTP, the client retries itself
 
     async def list_tools(self, ctx: Context,
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -137,8 +142,7 @@ class MemoryTools:
             raise MCPError(types.INVALID_PARAMS, "unknown tool")
         try:
             body = parse(tool.request, dict(params.arguments or {}))
-            result = await self._bus.command(tool.subject, self._credential(ctx), body,
-                                             tool.result, transport="mcp")
+            result = await self._sent(tool, body, self._credential(ctx))
         except MemgateError as exc:
             return tool_error(exc)
         except Exception as exc:  # a bug or a broken connection: where, never its message
@@ -147,6 +151,20 @@ class MemoryTools:
         return types.CallToolResult(
             content=[types.TextContent(text=tool.render(result))],
             structured_content=result.model_dump(mode="json", by_alias=True))
+
+    async def _sent(self, tool: MemoryTool, body: Contract, token: str | None) -> Contract:
+        """Sent again after a 503 or a timeout (`retries`), where that cannot write twice: a
+        read, or a remember under one idempotency key (made when the call gave none)."""
+        retried = self._retries if tool.subject != subjects.FORGET else ()
+        if retried and isinstance(body, RememberRequest) and body.idempotency_key is None:
+            body = body.model_copy(update={"idempotency_key": uuid.uuid4().hex})
+        for wait_s in retried:
+            try:
+                return await self._bus.command(tool.subject, token, body, tool.result,
+                                               transport="mcp")
+            except UnavailableError:  # OutcomeUnknownError too
+                await asyncio.sleep(wait_s)
+        return await self._bus.command(tool.subject, token, body, tool.result, transport="mcp")
 
     def server(self) -> Server[Any]:
         return Server(
@@ -241,7 +259,7 @@ async def serve_stdio(nats_url: str, token: str | None, *, timeout: float = 10.0
     bus = await BusClient.connect(nats_url, name="memgate-mcp", timeout=timeout,
                                   connect_timeout=timeout, **(nats_options or {}))
     try:
-        server = MemoryTools(bus, credential=lambda _: token).server()
+        server = MemoryTools(bus, credential=lambda _: token, retries=RETRIES).server()
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
