@@ -28,7 +28,11 @@ from mem0.exceptions import MemoryNotFoundError, ValidationError
 
 from tests.conftest import Llm, Memgate, eventually, run_memgate
 from tests.llm_server import PROFILE_EMAIL
-from tests.test_mem0 import EMAIL, new_space
+from tests.test_backup import ok
+from tests.test_erased_bytes import canary, hits, needles
+from tests.test_erasure import erase
+from tests.test_mem0 import EMAIL, Space, new_space
+from tests.test_mem0_metadata import USER
 
 DOC = Path(__file__).parent.parent / "docs" / "mem0-client.md"
 SCHEMA = {"type": "object", "properties": {
@@ -291,3 +295,32 @@ async def test_a_profile_schema_that_is_no_described_object_schema_is_refused(
         assert error["code"] == "VALIDATION_ERROR" and error["details"]["field"].endswith(
             "schema"), error
     assert (await call(client.get_profile_settings))["entities"]["user"]["schema"] is None
+
+
+async def test_a_users_profile_goes_with_their_erasure_and_is_sealed_in_backups(
+        tmp_path: Path, llm: Llm) -> None:
+    word = canary()
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        space = await new_space(memgate, llm)
+        client = await space.client()
+        await call(client.add, f"I collect {word} stamps", user_id=USER, infer=False)
+        await call(client.add, "I collect coins", user_id="other-user", infer=False)
+        for user in (USER, "other-user"):
+            job = await call(client.generate_profile, user)
+            assert (await finished(client, job["status_url"]))["status"] == "succeeded"
+        data = memgate.settings.data_dir
+    backup = tmp_path / "backup.jsonl"
+    await ok("backup", "--data-dir", str(data), "--out", str(backup))
+    assert any(f.endswith("spaces.duckdb") for f in hits(data, needles(word))), \
+        "the scan sees the profile"
+    assert not any(n in backup.read_bytes().lower() for n in needles(word))  # sealed
+
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        await erase(memgate, {"externalId": USER}, space.owner.workspace_id)
+        client = await Space(memgate, space.owner, space.id).client()
+        with pytest.raises(MemoryNotFoundError):
+            await call(client.get_profile, USER)
+        assert (await call(client.get_profile, "other-user"))["status"] == "succeeded"
+    assert hits(data, needles(word)) == []
