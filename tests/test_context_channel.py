@@ -150,3 +150,39 @@ async def test_a_turn_that_shares_no_word_with_the_query_is_found_by_meaning(
     recalled = (await agent.recall("Did anyone get a new pet?")).memories
     assert all(m.ranks.context is None and m.ranks.conversation is not None for m in recalled)
     await agent.close()
+
+
+
+# The question's words are in the turn that asks; the answer is three places on, beyond two
+# short replies.
+LAKE = [
+    "Alice: How was your week?",
+    "Bob: Busy, but good.",
+    "Alice: Did the kids enjoy the trip to the lake?",
+    "Bob: Oh yes!",
+    "Alice: Really?",
+    "Bob: They swam every morning and caught four trout with their grandfather, then grilled "
+    "them on the fire.",
+    "Alice: Lovely!",
+    "Bob: Anyway, work starts again on Monday.",
+]
+
+
+async def test_a_turn_that_tells_outranks_short_turns_and_questions_near_the_words(
+    memgate: Memgate,
+) -> None:
+    """The turns' prior (`policy/context.py`): without it the short question "Really?", next
+    to the words, and "How was your week?" rank above the answer."""
+    agent = await memgate.new_agent("bus")
+    ids = [(await agent.remember("chat", turn)).memory_id for turn in LAKE]
+    question = "What did the kids do at the lake?"
+
+    async def all_embedded() -> bool:
+        recalled = (await agent.recall(question, limit=20)).memories
+        return sum(m.ranks.smoothed is not None for m in recalled) == len(ids)
+
+    await eventually(all_embedded)
+    order = [m.memory_id for m in (await agent.recall(question, limit=20)).memories]
+    assert order.index(ids[5]) < order.index(ids[4]), "the answer above \"Really?\""
+    assert order.index(ids[5]) < order.index(ids[0]), "and above \"How was your week?\""
+    await agent.close()

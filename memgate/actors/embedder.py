@@ -144,8 +144,8 @@ class EmbedderActor(ActorBase):
                 if matrix is not None:
                     catalog.set_vectors(found, matrix)
                     embedded = await self._storage.texts(owner, found)
-                    catalog.set_speakers({item.memory_id: context.speaker(item.text)
-                                          for item in embedded})
+                    catalog.set_turns({item.memory_id: context.turn(item.text)
+                                       for item in embedded})
             catalog.loaded = True
             self._catalogs.used(owner)
             return catalog
@@ -189,7 +189,7 @@ class EmbedderActor(ActorBase):
             items = [item for item, new in zip(items, fresh, strict=True) if new]
             catalog.set_vectors([item.memory_id for item in items], rows[np.asarray(fresh)])
             self._observe_embedded(catalog, [item.memory_id for item in items])
-            catalog.set_speakers({item.memory_id: context.speaker(item.text) for item in items})
+            catalog.set_turns({item.memory_id: context.turn(item.text) for item in items})
             kept.append(rows[np.asarray(fresh)])
             ids += [item.memory_id for item in items]
             owners += [(owner.tenant, owner.subject_id)] * len(items)
@@ -303,7 +303,7 @@ class EmbedderActor(ActorBase):
         scores = catalog.similarities(query)
         ranked = catalog.best(scores, mask & ~turns, request.depth)
         smoothed = catalog.smoothed(scores, mask, context.smooth)
-        smoothed += context.SPEAKER * catalog.named(request.query)
+        smoothed += context.SPEAKER * catalog.named(request.query) + catalog.priors()
         return Ranking(memory_ids=ranked,
                        neighbours=catalog.neighbours(ranked, mask, request.neighbours),
                        smoothed=catalog.best_scored(smoothed, mask & turns, request.depth))

@@ -19,31 +19,51 @@ sequence window, whose lenders are BM25 matches) and are ranked by one score tha
 the words around a turn and its meaning along the conversation:
 
     conversationᵢ = 0.5 · contextᵢ / max context + s'ᵢ + 0.15 · [the query names iᵢ's speaker]
+                    + priorᵢ
     s'ᵢ = sᵢ + 0.5 · max(sᵢ₋₁, sᵢ₊₁) + 0.35 · max(sᵢ₋₂, sᵢ₊₂)
+    priorᵢ = 0.5 · min(ln wordsᵢ / ln 20, 1) − 0.1 · [turn i ends with "?"]
 
 where context is the context channel's BM25 score (0 when no word matches) and s the cosine of
-the turn, smoothed over the allowed turns of each namespace by seq at query time. The indexer
-reports the context scores, the embedder the smoothed ones with the speaker bonus, each for its
-best `depth`; a turn missing from the embedder's list counts its last score (scores below it are
-not known, only bounded). One score, not three RRF channels: fusing the same three signals by
-rank loses their magnitudes (docs/DECISIONS.md, "Recall on conversations: one conversation
+the turn, smoothed over the allowed turns of each namespace by seq at query time. The prior says
+how much a turn can tell, whatever the query: a short turn ("Wow, great!") or one that asks
+holds no fact, and its neighbours' cosine and words otherwise lift it as much as the turn that
+answers (issue 44: LoCoMo development half 0.781 → 0.794, `docs/experiments/recall-quality.md`);
+in unspaced scripts two characters count as a word. The indexer reports the context scores, the
+embedder the smoothed ones with the speaker bonus and the prior, each for its best `depth`; a
+turn missing from the embedder's list counts its last score (scores below it are not known,
+only bounded). One score, not three RRF channels: fusing the same three signals by rank loses
+their magnitudes (docs/DECISIONS.md, "Recall on conversations: one conversation
 channel, scored, not three fused by rank"). The conversation channel then takes its place in
 the RRF like any other.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 TURN = re.compile(r"^[A-Z][\w.'-]*( [A-Z][\w.'-]*){0,2}: ")
+# Scripts written without spaces (as the indexer's CJK n-grams): two characters count as a word.
+UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 WIDTH = 2  # turns each way whose text joins a turn's context
 OWN = 3  # times a turn's own text is repeated in its context
 SMOOTHING = (0.5, 0.35)  # the weight of the better neighbour 1 and 2 places away
 CONTEXT = 0.5  # the weight of the context score (a share of the best) in the conversation score
 SPEAKER = 0.15  # added to a turn's smoothed cosine when the query names its speaker
+LENGTH = 0.5  # a turn's prior at `FULL_WORDS` words or more; less, by the log of its words
+FULL_WORDS = 20
+ASKING = 0.1  # taken from the prior of a turn that ends with a question mark (? or ？)
+
+
+class Turn(NamedTuple):
+    """What the embedder keeps of a turn: its speaker (case-folded) and its prior."""
+
+    speaker: str
+    prior: float
 
 
 def is_turn(text: str) -> bool:
@@ -62,6 +82,17 @@ def speaker(text: str) -> str | None:
     """The speaker of a turn, case-folded (None: not a turn)."""
     found = TURN.match(text)
     return None if found is None else text[: text.index(":")].lower()
+
+
+def turn(text: str) -> Turn | None:
+    """A turn's speaker and prior (the formula above; None: not a turn)."""
+    name = speaker(text)
+    if name is None:
+        return None
+    unspaced = len(UNSPACED.findall(text))
+    words = max(len(UNSPACED.sub(" ", text).split()) + unspaced // 2, 1)
+    prior = LENGTH * min(math.log(words) / math.log(FULL_WORDS), 1.0)
+    return Turn(name, prior - ASKING * text.rstrip().endswith(("?", "？")))
 
 
 def smooth(scores: np.ndarray) -> np.ndarray:

@@ -9,13 +9,13 @@ A version's `superseded_at` is set by storage when a newer version of the same k
 catalog derives it the same way from the newer row, so catching up never re-reads old rows.
 With `dim`, each row also holds a vector (the embedder's contiguous matrix, aligned with the rows).
 The embedder also marks the rows that are conversation turns, with their speakers (read from the
-texts it embeds; codes here, the names case-folded), for the conversation channel's smoothed
-cosine and speaker bonus.
+texts it embeds; codes here, the names case-folded) and priors, for the conversation channel's
+smoothed cosine, speaker bonus and prior.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -47,6 +47,7 @@ class _Columns:
     hold: np.ndarray
     embedded: np.ndarray
     speaker: np.ndarray  # 0: not a turn (or not known to be one)
+    prior: np.ndarray  # a turn's prior (`policy.context.turn`); 0 for any other memory
     vectors: np.ndarray | None
 
     @classmethod
@@ -55,12 +56,12 @@ class _Columns:
                    superseded=np.full(capacity, NEVER, np.int64),
                    namespace=np.zeros(capacity, np.int32), collection=np.zeros(capacity, np.int32),
                    hold=np.zeros(capacity, bool), embedded=np.zeros(capacity, bool),
-                   speaker=np.zeros(capacity, np.int32),
+                   speaker=np.zeros(capacity, np.int32), prior=np.zeros(capacity, np.float32),
                    vectors=None if dim is None else np.zeros((capacity, dim), np.float32))
 
     def names(self) -> list[str]:
         return ["seq", "created", "superseded", "namespace", "collection", "hold", "embedded",
-                "speaker"]
+                "speaker", "prior"]
 
 
 class Catalog:
@@ -322,15 +323,22 @@ class Catalog:
 
     # --- conversation turns (the embedder's catalog) ---
 
-    def set_speakers(self, speakers: dict[str, str | None]) -> None:
-        """Mark rows as turns of these speakers (None: not a turn)."""
-        for memory_id, name in speakers.items():
+    def set_turns(self, turns: Mapping[str, tuple[str, float] | None]) -> None:
+        """Mark rows as turns, each with its (speaker, prior) (None: not a turn)."""
+        for memory_id, turn in turns.items():
             row = self._row.get(memory_id)
             if row is not None:
+                name, prior = turn or (None, 0.0)
                 if name is not None and name not in self._speakers:
                     self._speakers[name] = self._next_speaker
                     self._next_speaker += 1
                 self._c.speaker[row] = 0 if name is None else self._speakers[name]
+                self._c.prior[row] = prior
+
+    def priors(self) -> np.ndarray:
+        """The rows' priors (0 for a memory that is not a turn)."""
+        priors: np.ndarray = self._c.prior[: self._n]
+        return priors
 
     def turns(self) -> np.ndarray:
         """A boolean mask over the rows: the conversation turns."""

@@ -10,6 +10,7 @@ import pytest
 
 from memgate.contracts.internal import CatalogRows, Owner, RecallFilters
 from memgate.policy import context
+from memgate.policy.context import Turn
 from memgate.storage.catalog import Catalog
 
 pytestmark = pytest.mark.unit
@@ -134,8 +135,9 @@ def test_cosine_is_smoothed_along_each_namespaces_turns_and_speakers_are_named()
                        ("fact", 5, "chat", None, None), ("x", 6, "other", None, None)))
     catalog.set_vectors([*(f"t{i}" for i in range(5)), "fact", "x"], np.eye(2, dtype=np.float32)[
         [0, 1, 1, 1, 1, 0, 0]])
-    catalog.set_speakers({"t0": "ann", "t1": "bo", "t2": "ann", "t3": "bo", "t4": "ann",
-                          "fact": None, "x": "ann"})
+    catalog.set_turns({"t0": Turn("ann", 0.0), "t1": Turn("bo", 0.0), "t2": Turn("ann", 0.0),
+                       "t3": Turn("bo", 0.0), "t4": Turn("ann", 0.0), "fact": None,
+                       "x": Turn("ann", 0.0)})
     scores = catalog.similarities(np.array([1, 0], np.float32))  # t0, fact and x score 1
     mask = catalog.allowed(RecallFilters(owner=OWNER))
     smoothed = catalog.smoothed(scores, mask, context.smooth)
@@ -150,3 +152,15 @@ def test_cosine_is_smoothed_along_each_namespaces_turns_and_speakers_are_named()
                                          catalog.allowed(RecallFilters(owner=OWNER)),
                                          context.smooth),
                         catalog.turns(), 2) == ["t0", "x"]
+
+
+def test_a_turns_prior_is_kept_beside_its_speaker_and_a_memory_that_is_no_turn_has_none() -> None:
+    catalog = Catalog(dim=2)
+    catalog.apply(rows(("t0", 1, "chat", None, None), ("t1", 2, "chat", None, None),
+                       ("fact", 3, "chat", None, None)))
+    catalog.set_turns({"t0": Turn("ann", 0.1), "t1": Turn("bo", 0.4), "fact": None})
+    assert dict(zip(catalog.ids, catalog.priors().tolist(), strict=True)) == pytest.approx(
+        {"t0": 0.1, "t1": 0.4, "fact": 0.0})
+    catalog.remove(["t0"])
+    assert dict(zip(catalog.ids, catalog.priors().tolist(), strict=True)) == pytest.approx(
+        {"t1": 0.4, "fact": 0.0})

@@ -99,3 +99,18 @@ def test_the_conversation_score_adds_half_the_share_of_the_best_context_score() 
     assert context.conversation(words, meaning, 2) == ["t1", "t2"]
     assert context.conversation([], meaning, 10) == ["t2", "t3", "t5", "t1"]
     assert context.conversation(words, [], 10) == ["t1", "t4", "t2"]
+
+
+def test_a_turn_that_tells_more_weighs_more_than_a_short_one_or_one_that_asks() -> None:
+    telling = context.turn("Bob: We pitched our tent by the lake for three nights with the kids.")
+    short = context.turn("Bob: Wow, great!")
+    asking = context.turn("Bob: We pitched our tent by the lake for three nights with the kids?")
+    assert telling is not None and short is not None and asking is not None
+    assert telling.speaker == short.speaker == "bob"
+    assert telling.prior > short.prior > 0
+    assert telling.prior - asking.prior == pytest.approx(context.ASKING)
+    long = context.turn("Bob: " + " ".join(["word"] * 3 * context.FULL_WORDS))
+    assert long is not None and long.prior == pytest.approx(context.LENGTH)  # no more past it
+    assert context.turn("the shelter opens at nine") is None  # not a turn
+    unspaced = context.turn("Ann: 昨日は湖のほとりにテントを張って、子供たちと三泊しました。")
+    assert unspaced is not None and unspaced.prior > short.prior  # two characters a word
