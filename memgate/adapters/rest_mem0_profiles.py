@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from memgate.adapters.http_errors import responses
+from memgate.adapters.http_errors import COMMON, responses
 from memgate.adapters.rest_mem0 import READS, WRITES, Mem0Route, _json, forwarder, mem0_error
 from memgate.adapters.routing import Mark, Send
 from memgate.contracts.errors import NotFoundError
@@ -60,7 +60,7 @@ def router(send: Send, mark: Mark) -> APIRouter:
     async def mem0_get_profile(request: Request) -> JSONResponse:
         return JSONResponse(_json(await forward(request, "profile", Profile)))
 
-    @routes.post("/v2/profiles/jobs/", responses=responses(400, 401, 403, 404, 409, 422, 503))
+    @routes.post("/v2/profiles/jobs/", responses=responses(*COMMON, 409, 422))
     async def mem0_generate_profiles(request: Request) -> JSONResponse:
         key = (request.headers.get("Idempotency-Key") or "")[:KEY_HEADER_MAX]
         return JSONResponse(_json(await forward(request, "profile_job", ProfileJobCreated,
