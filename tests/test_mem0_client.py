@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from mem0 import AsyncMemoryClient, MemoryClient
-from mem0.exceptions import MemoryNotFoundError, ValidationError
+from mem0.exceptions import MemoryNotFoundError, RateLimitError, ValidationError
 
 from tests.conftest import Llm, Memgate, eventually, run_memgate
 from tests.llm_server import PROFILE_EMAIL
@@ -324,3 +324,23 @@ async def test_a_users_profile_goes_with_their_erasure_and_is_sealed_in_backups(
             await call(client.get_profile, USER)
         assert (await call(client.get_profile, "other-user"))["status"] == "succeeded"
     assert hits(data, needles(word)) == []
+
+
+async def test_at_most_four_profile_jobs_of_a_space_are_under_way_at_once(
+        memgate: Memgate, llm: Llm) -> None:
+    space = await new_space(memgate, llm)
+    client = await space.client()
+    await call(client.add, "I like tea", user_id="alex", infer=False)
+    await llm.mode("slow")  # every job waits on the LLM
+    first = await call(client.generate_profile, "alex", idempotency_key="job-key-0")
+    for n in range(1, 4):
+        await call(client.generate_profile, "alex", idempotency_key=f"job-key-{n}")
+    with pytest.raises(RateLimitError):
+        await call(client.generate_profile, "alex", idempotency_key="job-key-4")
+    response = await memgate.http.post(
+        f"/memory/{space.id}/v2/profiles/jobs/", json={"entity_id": "alex"}, headers={
+            "Authorization": f"Token {space.owner.token}", "Idempotency-Key": "job-key-5"})
+    assert response.status_code == 429 and response.headers["Retry-After"] == "30"
+    assert response.json()["error"]["code"] == "MEMORY_SPACE_RATE_LIMITED"
+    again = await call(client.generate_profile, "alex", idempotency_key="job-key-0")
+    assert (again["job_id"], again["replayed"]) == (first["job_id"], True)  # not refused

@@ -7,7 +7,9 @@ from: erasing the user, deleting the space, deletes it (the spaces actor then re
 file), and a backup seals it under those namespaces' keys. Its text is masked before it gets
 here. Jobs are transient (a restart forgets them, as it forgets an answer in flight): each
 keeps its Idempotency-Key a day, and one not finished within `JOB_STALE` reads as failed for
-the users it did not reach (its worker's process may have died).
+the users it did not reach (its worker's process may have died). At most `RUNNING_MAX` jobs of
+a space are under way at once (each asks the space's LLM once a user): one more is refused 429
+until one ends.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from datetime import datetime, timedelta
 
 import duckdb
 
-from memgate.contracts.errors import ConflictError, NotFoundError
+from memgate.contracts.errors import ConflictError, MemorySpaceRateLimitedError, NotFoundError
 from memgate.contracts.profiles import (
     Job, JobRequest, JobStatus, ProfileJobView, ProfileOutcome, ProfileStatus, SettingsChange,
     StoredProfile, StoredSettings,
@@ -39,6 +41,8 @@ CREATE TABLE IF NOT EXISTS profiles (
 KEY_TTL = timedelta(hours=24)  # an Idempotency-Key returns its job this long
 JOB_STALE = timedelta(minutes=10)  # a job still unfinished then has failed where it did not reach
 JOBS_MAX = 1000  # jobs kept per space (the oldest go first)
+RUNNING_MAX = 4  # jobs of a space under way at once: each asks the space's LLM for each user
+RETRY_AFTER_S = 30
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,15 @@ class ProfileStore:
             job = self._jobs.get(request.space_id, {}).get(job_id)
             if job is not None:
                 return job.model_copy(update={"replayed": True})
+        jobs = self._jobs.setdefault(request.space_id, {})
+        if sum(1 for job in jobs.values() if job_view(job, now).status in ("pending", "running")
+               ) >= RUNNING_MAX:
+            raise MemorySpaceRateLimitedError(
+                "as many profile jobs as allowed are under way in this memory space",
+                {"limit": "profileJobsRunning", "max": RUNNING_MAX,
+                 "retryAfterSeconds": RETRY_AFTER_S})
         job = Job(job_id=new_id("pj"), space_id=request.space_id, operation=request.operation,
                   entity_ids=users, created_at=now, updated_at=now)
-        jobs = self._jobs.setdefault(request.space_id, {})
         jobs[job.job_id] = job
         while len(jobs) > JOBS_MAX:
             del jobs[next(iter(jobs))]
