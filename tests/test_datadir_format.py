@@ -26,7 +26,7 @@ from tests.conftest import ADMIN_TOKEN, free_port
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MADE = json.loads((FIXTURES / "datadir-format0.json").read_text())
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 100.0  # under the suite's 120 s: a loaded machine starts slowly
 
 
 def unpacked(tmp_path: Path) -> Path:
@@ -103,22 +103,29 @@ def said(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.startswith("memgate: ")]
 
 
-async def test_a_directory_of_the_release_before_formats_is_migrated_once_and_keeps_everything(
+async def test_a_directory_of_the_release_before_formats_is_migrated_and_keeps_everything(
         tmp_path: Path) -> None:
     data = unpacked(tmp_path)
-    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    first = tmp_path / "first.log"
     async with memgate_up(data, first) as http:
         await everything_is_served(http)
-    migration = [line for line in said(first) if "format" in line]
-    assert migration[0] == f"memgate: migrating {data} from data directory format 0 to 1"
-    assert migration[-1] == f"memgate: {data} is data directory format 1"
+    assert said(first)[:4] == [
+        f"memgate: migrating {data} from data directory format 0 to 1",
+        f"memgate: copied 0 files (0.0 MB) that the steps change into {data}/migrating/copy, "
+        "kept until the migration is done",
+        "memgate: step 1/1: format 1: stamp the format (the files stay as they are)",
+        f"memgate: {data} is data directory format 1"]
     assert json.loads((data / "format.json").read_text()) == {"format": 1}
     assert not (data / "migrating").exists()
-    stamped = (data / "format.json").stat().st_mtime_ns
 
-    async with memgate_up(data, second) as http:
+
+async def test_a_directory_in_this_format_starts_without_a_migration(tmp_path: Path) -> None:
+    data, log = unpacked(tmp_path), tmp_path / "again.log"
+    dataformat.migrate(data, say=print)  # as the first start of this memgate left it (above)
+    stamped = (data / "format.json").stat().st_mtime_ns
+    async with memgate_up(data, log) as http:
         await everything_is_served(http)
-    assert not [line for line in said(second) if "format" in line]  # nothing to migrate
+    assert not [line for line in said(log) if "format" in line]  # nothing to migrate
     assert (data / "format.json").stat().st_mtime_ns == stamped
 
 
