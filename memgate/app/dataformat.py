@@ -242,6 +242,7 @@ def _finish(data_dir: Path, state: Migration, say: Callable[[str], None]) -> Non
         state = replace(state, done=(*state.done, step.to))
         _save(data_dir, state)
     stamp(data_dir, state.to)
+    shutil.rmtree(copy, ignore_errors=True)  # then the marker: killed between, it resumes
     shutil.rmtree(data_dir / MIGRATING)
     say(f"{data_dir} is data directory format {state.to}")
 
