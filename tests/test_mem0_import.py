@@ -324,3 +324,15 @@ async def test_an_import_stopped_by_its_hourly_budget_says_so_and_leaves_adds_th
         client = await space.client()
         added = await asyncio.to_thread(client.add, "an add of my own", user_id="traveller-0")
         assert added["results"][0]["event"] == "ADD"  # the member's own budget is untouched
+
+
+def test_a_config_mem0_refuses_stops_the_import_in_one_line_without_its_values(
+        tmp_path: Path) -> None:
+    config = tmp_path / "mem0.json"
+    config.write_text(json.dumps({"vector_store": {"provider": "nosuch", "config": {
+        "api_key": "sk-not-to-be-echoed"}}}))
+    result = CliRunner().invoke(app, ["import", "mem0", "--config", str(config), "--url",
+                                      "http://127.0.0.1:9", "--token", "unused"])
+    assert result.exit_code == 1
+    assert "memgate import: mem0 cannot open the store: vector_store" in result.output
+    assert "sk-not-to-be-echoed" not in result.output

@@ -13,6 +13,7 @@ counts what was imported, skipped and refused (by code and field: never a memory
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections import Counter
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import pydantic
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -114,6 +116,14 @@ def _groups(payloads: Iterator[dict[str, Any]]) -> list[tuple[str, str]]:
     return sorted(groups)
 
 
+def _reason(error: Exception) -> str:
+    """Why mem0 refused, without the values of the config (they may hold API keys)."""
+    if isinstance(error, pydantic.ValidationError):
+        return "; ".join(f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+                         for problem in error.errors(include_input=False, include_url=False))
+    return f"{type(error).__name__}: {error}"
+
+
 def stored(config_path: Path) -> list[dict[str, Any]]:
     """The memories of a mem0 open-source store, through `mem0ai` itself: its vector store's
     listing names the users, agents and runs, `Memory.get_all` gives each one's memories as
@@ -127,7 +137,14 @@ def stored(config_path: Path) -> list[dict[str, Any]]:
     except ImportError:
         raise SourceError("reading a mem0 store needs mem0ai: pip install 'memgate[mem0]'",
                           ) from None
-    memory = Memory.from_config(config)
+    quiet = logging.getLogger("mem0")
+    level, quiet.level = quiet.level, logging.CRITICAL  # its error log echoes the config's keys
+    try:
+        memory = Memory.from_config(config)
+    except Exception as error:  # mem0's own: a bad config, a store another process holds
+        raise SourceError(f"mem0 cannot open the store: {_reason(error)}") from None
+    finally:
+        quiet.setLevel(level)
     try:
         listed = memory.vector_store.list(top_k=LIST_MAX)
         rows = listed[0] if listed and isinstance(listed[0], list | tuple) else listed
