@@ -21,8 +21,9 @@ from memgate.contracts import (
 )
 from memgate.contracts.errors import UnauthenticatedError, UnavailableError
 from memgate.contracts.internal import (
-    CatalogRequest, CatalogRows, Neighbours, OwnedText, Ranking, RankRequest, RecallFilters,
-    RecallScope, Rows, RowsRequest, StoreForget, StoreQuery, StoreRemember, Texts, TextsRequest,
+    CatalogRequest, CatalogRows, Neighbours, OwnedText, Owner, Ranking, RankRequest,
+    RecallFilters, RecallScope, Rows, RowsRequest, StoreForget, StoreQuery, StoreRemember, Texts,
+    TextsRequest,
 )
 from memgate.contracts.registry import CheckRemember, Citation, Scope, Verification
 from memgate.ports.bus import BatchHandler
@@ -295,9 +296,10 @@ def texts_route(texts: dict[str, str]) -> Route:
 
 
 
-def catalog_route(texts: dict[str, str]) -> Route:
+def catalog_route(texts: dict[str, str], owners: dict[str, Owner] | None = None) -> Route:
     """A storage `catalog` route over the same dict: each id gets the next seq when first seen
-    (dict order), all in namespace "n", created a second apart; the texts when asked."""
+    (dict order), all in namespace "n", created a second apart; the texts when asked. Every
+    owner holds them all, unless `owners` says whose each one is."""
     seqs: dict[str, int] = {}
 
     async def answer(payload: bytes) -> CatalogRows:
@@ -305,9 +307,10 @@ def catalog_route(texts: dict[str, str]) -> Route:
         for memory_id in texts:
             seqs.setdefault(memory_id, len(seqs) + 1)
         start = datetime(2026, 1, 1, tzinfo=UTC)
-        rows = [(seqs[i], i) for i in texts if seqs[i] > request.after_seq]
+        held = [i for i in texts if owners is None or owners.get(i) == request.owner]
+        rows = [(seqs[i], i) for i in held if seqs[i] > request.after_seq]
         return CatalogRows(
-            high_seq=max((seqs[i] for i in texts), default=0), memory_ids=[i for _, i in rows],
+            high_seq=max((seqs[i] for i in held), default=0), memory_ids=[i for _, i in rows],
             seqs=[s for s, _ in rows], namespaces=["n"] * len(rows), keys=[None] * len(rows),
             collection_ids=[None] * len(rows),
             created_at=[start + timedelta(seconds=s) for s, _ in rows],

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from memgate import MemgateClient
-from memgate.actors.embedder import URGENT_MAX
 from memgate.contracts.errors import UnavailableError
 from tests.cluster import (
     ADMIN, RESUME_WITHIN_S, STANDBYS, Agent, Node, agent_in_a_new_workspace, answered,
@@ -47,7 +46,7 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         # an agent idle from here on: no remember of its own brings its vectors after the kill
         _, token = await agent_in_a_new_workspace(home)
         idle = Agent({"Authorization": f"Bearer {token}"})
-        for i in range(3 * URGENT_MAX):
+        for i in range(24):
             assert await idle.remember(home, f"the courier left parcel {i} at the loading dock")
         await eventually(lambda: recalled(idle, home, "a delivery"), timeout=30)
         # the same agent on NATS through the other survivor: sent to the partition's node

@@ -15,7 +15,6 @@ from faststream.nats import NatsBroker
 from faststream.security import SASLPlaintext
 from nats.aio.msg import Msg
 
-from memgate.actors.embedder import URGENT_MAX
 from memgate.actors.indexer import IndexerActor
 from memgate.bus import BusClient
 from memgate.contracts import RememberResult
@@ -265,7 +264,7 @@ async def test_vectors_lost_with_their_file_are_made_again_without_a_new_remembe
         owner = await memgate.workspace()
         token = await memgate.credential(owner)
         agent = await memgate.agent("bus", token)
-        for i in range(3 * URGENT_MAX):
+        for i in range(24):
             await agent.remember("notes", f"the courier left parcel {i} at the loading dock")
         await eventually(lambda: _complete(agent, "a delivery"))
         vectors = memgate.settings.data_dir / "partitions" / "p0" / "vectors.duckdb"
@@ -305,3 +304,28 @@ async def test_text_indexes_lost_with_the_ram_disk_are_rebuilt_on_first_recall(
         [found] = (await agent.recall("zephyrine")).memories
         assert found.memory_id == kept.memory_id and found.ranks.bm25 == 1
         assert index_files(memgate)
+
+
+# A fact and questions about it that share no word with it but stopwords: only cosine finds it.
+FACTS = {
+    "Deployments reach production every Thursday": (
+        "what day do we ship releases to prod", "when are new versions pushed live"),
+    "The team's cat answers to Biscuit": (
+        "which pet lives in our office", "what animal do we keep at work"),
+}
+
+
+async def test_recalls_right_after_a_burst_find_their_facts_by_meaning(memgate: Memgate) -> None:
+    """Read-your-writes at any backlog (SPEC §3.5): a member's 2 facts, then 100 notes through
+    a second credential, and 20 recalls at once, none of which waits for anything but its own
+    scope's vectors: each finds its fact among its first 3."""
+    owner = await memgate.workspace()
+    first = await memgate.agent("bus", await memgate.credential(owner))
+    second = await memgate.agent("bus", await memgate.credential(owner))
+    facts = {text: (await first.remember("facts", text)).memory_id for text in FACTS}
+    await asyncio.gather(*(second.remember("notes", f"note {i}: the printer on floor {i % 7} "
+                                           "needs toner") for i in range(100)))
+    asked = [(facts[text], query) for text, queries in FACTS.items() for query in queries] * 5
+    results = await asyncio.gather(*(first.recall(query) for _, query in asked))
+    for (fact, query), result in zip(asked, results, strict=True):
+        assert fact in [m.memory_id for m in result.memories[:3]], (query, result.degraded)

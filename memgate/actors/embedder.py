@@ -7,7 +7,12 @@ busy are handed to the model thread together (one hop; the model runs each text 
 Each owner it ranks for has a `Catalog` whose rows carry the vectors: a recall's filters become
 a mask, and the owner's whole matrix is scored by one matrix-vector product. A rank request
 catches the catalog up to the owner's newest seq first (metadata only: a memory is found by
-meaning once its vector exists, by its words at once).
+meaning once its vector exists, by its words at once), then has the versions its filters allow
+that have no vector yet embedded ahead of everything else (`embedding.lanes`: the urgent lane,
+on a thread of its own) until its wait ends, and ranks without those still missing then,
+saying how many (`Ranking.unembedded`: the recall reports the channel degraded). The
+background (the events, a lost file's backlog) embeds small batches, each once no urgent
+version waits.
 
 Conversation turns (`policy/context.py`): the catalog marks them, with their speakers, from the
 texts embedded (and, for the vectors of earlier runs, from the texts read when the owner's
@@ -29,12 +34,12 @@ import numpy as np
 from memgate.cluster import fence
 from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
-from memgate.contracts.errors import UnavailableError
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
     CatalogRequest, OwnedText, Owner, Ranking, RankRequest,
 )
 from memgate.embedding.batching import Batcher
+from memgate.embedding.lanes import Lanes
 from memgate.embedding.model import OnnxEmbedder
 from memgate.observe import metrics
 from memgate.policy import context
@@ -54,12 +59,19 @@ log = logging.getLogger("memgate.embedder")
 # the code").
 MODEL_THREADS = 1
 # Events handled at most per batch: when the consumer lags, each batch costs a few round trips to
-# storage per owner and one model call, so bigger batches catch up faster (well within ack_wait).
+# storage per owner and one write of the vectors, so bigger batches catch up faster (well within
+# ack_wait).
 EVENT_BATCH = 128
-# Versions a rank embeds itself at most (read-your-writes): the few a recall just remembered,
-# ~2 ms each; more means a backlog (a burst of remembers), which the recall does not wait for
-# (it says `degraded: ["cosine"]`) and the events embed in the background.
-URGENT_MAX = 8
+# Texts per model call in the background: a waiting recall's versions go first, so it waits for
+# at most one such batch (~16 × 2-5 ms) on the core the background takes; a hop to the model
+# thread costs ~0.1 ms, so smaller batches would not cost the background much either.
+BACKGROUND_BATCH = 16
+# Texts per model call in the urgent lane: a rank whose wait ends between two batches ranks
+# with those already made, and another owner's rank waits for one batch at most.
+URGENT_BATCH = 4
+# Versions a rank asks the urgent lane for at most (their texts in one request): more than its
+# wait embeds on this machine (~200); the rest is left to the background, as what its wait leaves.
+URGENT_MAX = 256
 # Vectors per write of the vectors file (and per batch a cluster ships to the standbys: ~2 KiB
 # each as JSON, well below NATS's payload limit), and texts per step of an owner's backlog.
 VECTOR_CHUNK = 256
@@ -81,8 +93,11 @@ class EmbedderActor(ActorBase):
         self._storage = PartitionStorage(bus, partition)
         self._batch = batch
         self._model_thread = Serial(f"{self.name}.model", background=True)
-        # a waiting recall's few versions, ahead of the backlog (one ONNX session, two threads)
+        # the urgent lane: the versions waiting recalls need (one ONNX session, two threads)
         self._urgent_thread = Serial(f"{self.name}.urgent")
+        self._lanes: Lanes[_Text] = Lanes()
+        self._urgent: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()  # the urgent lane's vectors to the file
         # the writer of the vectors (named as the store: on a cluster, what it commits is
         # applied by the partition's standbys before it returns, `cluster.replication`)
         self._store_thread = Serial(self.name)
@@ -105,11 +120,13 @@ class EmbedderActor(ActorBase):
         self.vectors = await self._store_thread(VectorStore, self._path)
         self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
         self._batcher.start()
+        self._urgent = asyncio.create_task(self._urgent_lane(), name=f"{self.name}.urgent")
         await self._events.start()
 
     async def stop(self) -> None:
         await self._events.stop()
-        await cancelled(*self._backlogs.values())
+        await cancelled(self._urgent, *self._backlogs.values())
+        await asyncio.gather(*self._writes)
         if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
         if (vectors := EmbedderActor.vectors.take(self)) is not None:
@@ -125,8 +142,8 @@ class EmbedderActor(ActorBase):
     async def catch_up(self, owner: Owner, min_seq: int,
                        texts: dict[str, str] | None = None) -> Catalog:
         """The owner's catalog, holding every version up to `min_seq` at least (with the
-        vectors already made; the others wait for `embed_missing`). `texts`, when given,
-        receives those of the versions new to a loaded catalog, for `embed_missing`."""
+        vectors already made; the others wait for `embed_background`). `texts`, when given,
+        receives those of the versions new to a loaded catalog, to embed them."""
         if (catalog := self._catalogs.current(owner, min_seq)) is not None:
             return catalog
         async with self._catalogs.lock(owner):
@@ -150,21 +167,30 @@ class EmbedderActor(ActorBase):
             self._catalogs.used(owner)
             return catalog
 
-    async def embed_missing(self, catalogs: dict[Owner, Catalog],
-                            at_hand: dict[Owner, dict[str, str]]) -> None:
-        """Embed these owners' versions that have no vector yet (texts `at_hand`, else fetched
-        from storage), in one hop to the model thread and one transaction: under load a batch
-        of events spans many owners, and a hop and a transaction per owner would cost more."""
-        wanted = {owner: (catalog, missing) for owner, catalog in catalogs.items()
-                  if (missing := catalog.unembedded())}
-        await self._embed(wanted, at_hand, self._model_thread)
+    async def embed_background(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
+                               at_hand: dict[Owner, dict[str, str]]) -> None:
+        """Embed these versions (texts `at_hand`, else fetched from storage) in the background:
+        `BACKGROUND_BATCH` texts a model call, each once no waiting recall's version is left
+        to embed (`Lanes.quiet`), and one transaction: under load a batch of events spans many
+        owners, and a transaction per owner would cost more."""
+        texts = await self._texts(wanted, at_hand)
+        kept: list[_Kept] = []
+        for at in range(0, len(texts), BACKGROUND_BATCH):
+            await self._lanes.quiet()
+            batch = [each for each in texts[at:at + BACKGROUND_BATCH]
+                     if each[1].lacking([each[2].memory_id])[0]]
+            claimed = set(self._lanes.claim([item.memory_id for _, _, item in batch]))
+            batch = [each for each in batch if each[2].memory_id in claimed]
+            try:
+                kept += await self._embed(batch, self._model_thread)
+            finally:
+                self._lanes.done(list(claimed), urgent=False)
+        await self._write(kept)
 
-    async def _embed(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
-                     at_hand: dict[Owner, dict[str, str]], thread: Serial) -> None:
-        """Embed these versions on `thread`; each vector is kept once (a rank and the events
-        may embed the same version meanwhile: the first to finish keeps its vector)."""
-        if not wanted:
-            return
+    async def _texts(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
+                     at_hand: dict[Owner, dict[str, str]]) -> list[_Text]:
+        """These versions' texts (`at_hand`, else from storage), with their owners and
+        catalogs; the versions deleted meanwhile are left out."""
 
         async def texts(owner: Owner, missing: list[str]) -> list[OwnedText]:
             held = at_hand.get(owner, {})
@@ -174,29 +200,63 @@ class EmbedderActor(ActorBase):
 
         replies = await asyncio.gather(*(texts(owner, missing)
                                          for owner, (_, missing) in wanted.items()))
-        fetched = [(owner, catalog, items)
-                   for (owner, (catalog, _)), items in zip(wanted.items(), replies, strict=True)
-                   if items]
-        if not fetched:
-            return
-        matrix = await thread(self._embedder.embed,
-                              [item.text for _, _, items in fetched for item in items])
-        kept, ids, owners, start = [], [], [], 0
-        for owner, catalog, items in fetched:  # no await from here to the catalogs' update
-            rows = matrix[start:start + len(items)]
-            start += len(items)
-            fresh = catalog.lacking([item.memory_id for item in items])
-            items = [item for item, new in zip(items, fresh, strict=True) if new]
-            catalog.set_vectors([item.memory_id for item in items], rows[np.asarray(fresh)])
-            self._observe_embedded(catalog, [item.memory_id for item in items])
-            catalog.set_turns({item.memory_id: context.turn(item.text) for item in items})
-            kept.append(rows[np.asarray(fresh)])
-            ids += [item.memory_id for item in items]
-            owners += [(owner.tenant, owner.subject_id)] * len(items)
-        matrix = np.vstack(kept)
-        for at in range(0, len(ids), VECTOR_CHUNK):
-            chunk = slice(at, at + VECTOR_CHUNK)
-            await self._store_thread(self.vectors.put, ids[chunk], owners[chunk], matrix[chunk])
+        return [(owner, catalog, item)
+                for (owner, (catalog, _)), items in zip(wanted.items(), replies, strict=True)
+                for item in items]
+
+    async def _embed(self, batch: list[_Text], thread: Serial) -> list[_Kept]:
+        """Embed these versions on `thread` and put their vectors in their catalogs (ranked
+        from now on); each vector is kept once (the first made): those kept, to `_write`."""
+        if not batch:
+            return []
+        matrix = await thread(self._embedder.embed, [item.text for _, _, item in batch])
+        kept = []
+        for (owner, catalog, item), vector in zip(batch, matrix, strict=True):
+            if catalog.lacking([item.memory_id])[0]:  # no await from here to the update
+                catalog.set_vectors([item.memory_id], vector[None, :])
+                catalog.set_turns({item.memory_id: context.turn(item.text)})
+                self._observe_embedded(catalog, [item.memory_id])
+                kept.append((owner, catalog, item.memory_id, vector))
+        return kept
+
+    async def _write(self, kept: list[_Kept]) -> None:
+        """These vectors into the file, `VECTOR_CHUNK` a transaction: those of versions still
+        held by their owner's current catalog when their chunk is sent (`_remove` forgets a
+        version before it deletes its vector, so none deleted meanwhile comes back)."""
+        for at in range(0, len(kept), VECTOR_CHUNK):
+            chunk = [(owner, memory_id, vector)
+                     for owner, catalog, memory_id, vector in kept[at:at + VECTOR_CHUNK]
+                     if self._catalogs.get(owner) is catalog and catalog.embedded([memory_id])[0]]
+            if chunk:  # no await from the check to the call's submission
+                await self._store_thread(
+                    self.vectors.put, [memory_id for _, memory_id, _ in chunk],
+                    [(owner.tenant, owner.subject_id) for owner, _, _ in chunk],
+                    np.vstack([vector for _, _, vector in chunk]))
+
+    async def _urgent_lane(self) -> None:
+        """Embed what waiting ranks ask for (`Lanes.ask`), `URGENT_BATCH` texts at a time, on
+        the urgent thread; the ranks look again once their versions are in the catalogs, and
+        the vectors go to the file meanwhile (`_write` leaves out any deleted since)."""
+        while True:
+            batch = await self._lanes.next_batch(URGENT_BATCH)
+            kept: list[_Kept] = []
+            try:
+                kept = await self._embed([wanted.of for wanted in batch], self._urgent_thread)
+            except Exception as exc:  # its ranks find the versions missing: degraded
+                log.warning("%s: embedding for a recall failed (%s)", self.name,
+                            type(exc).__name__)
+            finally:
+                self._lanes.done([wanted.memory_id for wanted in batch], urgent=True)
+            if kept:
+                write = asyncio.create_task(self._written(kept), name=f"{self.name}.write")
+                self._writes.add(write)
+                write.add_done_callback(self._writes.discard)
+
+    async def _written(self, kept: list[_Kept]) -> None:
+        try:
+            await self._write(kept)
+        except Exception as exc:  # their versions lack vectors after a restart: made again
+            log.warning("%s: writing vectors failed (%s)", self.name, type(exc).__name__)
 
     def _observe_embedded(self, catalog: Catalog, memory_ids: list[str]) -> None:
         """`memgate_embedded_after_seconds`: from each version's commit to its vector."""
@@ -217,18 +277,21 @@ class EmbedderActor(ActorBase):
         texts: dict[Owner, dict[str, str]] = {owner: {} for owner in stored}
         caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])
                                            for owner, seq in stored.items()))
-        await self.embed_missing(dict(zip(stored, caught_up, strict=True)), texts)
+        await self.embed_background({owner: (catalog, missing) for owner, catalog
+                                     in zip(stored, caught_up, strict=True)
+                                     if (missing := catalog.unembedded())}, texts)
         self._evented = max(self._evented, *stored.values(), 0)
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
         await self._compactions.settled()  # acked (and so done) once the vectors left the file
 
     async def _remove(self, owner: Owner, ids: list[str]) -> int:
-        """Delete these versions' vectors and forget them; how many vectors there were."""
-        held = await self._store_thread(self.vectors.delete, ids)
+        """Forget these versions, then delete their vectors (in that order: `_write` sends only
+        what a catalog holds); how many vectors there were."""
         catalog = self._catalogs.get(owner)
         if catalog is not None:
             catalog.remove(ids)
+        held: int = await self._store_thread(self.vectors.delete, ids)
         return held
 
     async def drop(self, payload: bytes) -> SubjectCount:
@@ -238,19 +301,22 @@ class EmbedderActor(ActorBase):
             count = await self._remove(request.owner, request.memory_ids)
         return SubjectCount(count=count, node=fence.node())
 
-    async def _embedded(self, owner: Owner, catalog: Catalog) -> None:
-        """Read-your-writes by meaning (SPEC §3.5): every version the catalog holds has its
-        vector before it is ranked; the few not embedded yet are embedded now, on a thread of
-        their own ahead of the backlog. More than `URGENT_MAX` (a backlog) or a failure: no
-        ranking, so the answer says `degraded: ["cosine"]`, never that it is complete."""
-        missing = catalog.unembedded()
-        if len(missing) > URGENT_MAX:
-            if self._passed(catalog):  # else their events are coming
-                self._embed_backlog(owner)
-            raise UnavailableError("memories are still being embedded")
-        await self._embed({owner: (catalog, missing)} if missing else {}, {}, self._urgent_thread)
-        if catalog.unembedded():
-            raise UnavailableError("some memories are not embedded yet")
+    async def _embedded(self, owner: Owner, catalog: Catalog, request: RankRequest,
+                        until: float) -> None:
+        """Read-your-writes by meaning (SPEC §3.5): the versions the request allows that have
+        no vector yet jump every queue (the urgent lane) until `until`; those still missing
+        then are ranked without, and the answer says how many, never that it is complete."""
+        missing = catalog.unembedded(among=catalog.allowed(request.filters, request.exclude))
+        if not missing:
+            return
+        if self._passed(catalog):  # what no event will bring, beyond this rank's wait
+            self._embed_backlog(owner)
+        asked = missing[:URGENT_MAX]
+        if new := self._lanes.unheld(asked):
+            texts = await self._storage.texts(owner, new)
+            self._lanes.ask({item.memory_id: (owner, catalog, item) for item in texts}, until)
+        if waits := self._lanes.futures(asked, until):
+            await asyncio.wait(waits, timeout=max(until - asyncio.get_running_loop().time(), 0))
 
     def _passed(self, catalog: Catalog) -> list[str]:
         """The versions without vectors that no event will bring: every one while no event
@@ -273,8 +339,7 @@ class EmbedderActor(ActorBase):
             try:
                 while (catalog := self._catalogs.get(owner)) is not None and (
                         missing := self._passed(catalog)):
-                    await self._embed({owner: (catalog, missing[:VECTOR_CHUNK])}, {},
-                                      self._model_thread)
+                    await self.embed_background({owner: (catalog, missing[:VECTOR_CHUNK])}, {})
                     if len(self._passed(catalog)) >= len(missing):  # texts gone meanwhile
                         return
             except Exception as exc:  # the next rank that finds it missing starts it again
@@ -288,22 +353,29 @@ class EmbedderActor(ActorBase):
         """The allowed versions that have vectors, by cosine similarity to the query (its
         vector when the caller sends one, else the query embedded here)."""
         request = parse(RankRequest, payload)
+        until = asyncio.get_running_loop().time() + request.wait_ms / 1000
         catalog = await self.catch_up(request.filters.owner, request.min_seq)
-        await self._embedded(request.filters.owner, catalog)
+        await self._embedded(request.filters.owner, catalog, request, until)
         if request.vector is not None:
             query = np.asarray(request.vector, dtype=np.float32)
         else:
             query = await self._batcher.embed(request.query)
         mask = catalog.allowed(request.filters, request.exclude)
+        unembedded = len(catalog.unembedded(among=mask))
         turns = catalog.turns() if request.conversation else None
         if turns is None or not turns.any():  # no conversation channel to rank
             ranked = catalog.nearest(query, mask, request.depth)
-            return Ranking(memory_ids=ranked,
+            return Ranking(memory_ids=ranked, unembedded=unembedded,
                            neighbours=catalog.neighbours(ranked, mask, request.neighbours))
         scores = catalog.similarities(query)
         ranked = catalog.best(scores, mask & ~turns, request.depth)
         smoothed = catalog.smoothed(scores, mask, context.smooth)
         smoothed += context.SPEAKER * catalog.named(request.query) + catalog.priors()
-        return Ranking(memory_ids=ranked,
+        return Ranking(memory_ids=ranked, unembedded=unembedded,
                        neighbours=catalog.neighbours(ranked, mask, request.neighbours),
                        smoothed=catalog.best_scored(smoothed, mask & turns, request.depth))
+
+
+# A version's text on its way to the model, with its owner and catalog; a vector made, to write.
+_Text = tuple[Owner, Catalog, OwnedText]
+_Kept = tuple[Owner, Catalog, str, np.ndarray]

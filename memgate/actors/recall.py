@@ -14,7 +14,9 @@
    smoothed along the conversation, and the conversation channel ranks them by both;
 4. the cosine channel has a deadline covering query embedding and scoring, counted from the
    start of the recall: when it passes, the answer goes out without it, `degraded: ["cosine"]`;
-   BM25 has a deadline of its own (`degraded: ["bm25"]`);
+   the embedder spends what is left of it, but a margin, embedding the versions the filters
+   allow that have no vector yet, ahead of its other work, then ranks without those still
+   missing, which degrades "cosine" too; BM25 has a deadline of its own (`degraded: ["bm25"]`);
 5. Reciprocal Rank Fusion with k and per-channel weights, then the sequence window
    (`policy/sequence.py`): the BM25 matches among the fused head lend to the memories
    remembered next to them in their namespace (the indexer reports those neighbours, under the
@@ -62,6 +64,9 @@ QUEUE = "recall"
 # quoted from the code").
 QUERY_THREADS = 1
 HEAD_MARGIN = 5  # rows read beyond the limit, for hidden, deleted or superseded ones
+# Of the cosine deadline, what the embedder may not spend embedding the recall's versions: its
+# scoring, its reply and the hops back, under load.
+RANK_MARGIN_S = 0.15
 
 
 async def within(work: Awaitable[Ranking], seconds: float) -> Ranking | None:
@@ -131,9 +136,14 @@ class RecallActor(ActorBase):
     def endpoints(self) -> list[Endpoint]:
         return [Endpoint(subjects.recall_internal(), self.recall, queue=QUEUE, max_workers=64)]
 
-    async def _cosine(self, request: RankRequest, vector: asyncio.Future[np.ndarray]) -> Ranking:
-        return await self._rankers.cosine(
-            request.model_copy(update={"vector": (await vector).tolist()}))
+    async def _cosine(self, request: RankRequest, vector: asyncio.Future[np.ndarray],
+                      until: float) -> Ranking:
+        """The cosine ranking; the embedder may embed the versions it lacks until `until`
+        (loop time), less `RANK_MARGIN_S`."""
+        query = (await vector).tolist()
+        left = until - asyncio.get_running_loop().time() - RANK_MARGIN_S
+        return await self._rankers.cosine(request.model_copy(update={
+            "vector": query, "wait_ms": max(int(left * 1000), 0)}))
 
     async def recall(self, payload: bytes) -> RecallResult:
         """The recall of a `RecallQuery` (governance and space-memories of this process hand
@@ -167,8 +177,10 @@ class RecallActor(ActorBase):
             # BM25 on a task of its own; cosine, the last back as a rule, in this one
             words_ranked = asyncio.ensure_future(
                 within(tracing.staged("bm25", self._rankers.bm25(words)), self._bm25_deadline))
-            cosine = await within(tracing.staged("cosine", self._cosine(rank, vector)),
-                                  self._cosine_deadline - (loop.time() - started))
+            cosine = await within(
+                tracing.staged("cosine", self._cosine(rank, vector,
+                                                      started + self._cosine_deadline)),
+                self._cosine_deadline - (loop.time() - started))
             bm25 = await words_ranked
         finally:
             vector.cancel()
@@ -180,7 +192,8 @@ class RecallActor(ActorBase):
                                                         newest_first.get(memory_id, 0)))
         channels = {"bm25": bm25 and bm25.memory_ids, "cosine": cosine and cosine.memory_ids,
                     "entity": entity}
-        degraded = [name for name, ids in channels.items() if ids is None]
+        degraded = [name for name, ids in channels.items()
+                    if ids is None or (name == "cosine" and cosine and cosine.unembedded)]
         # a late indexer or embedder degrades "bm25" or "cosine" alone
         parts = {"context": bm25.context if bm25 else [],
                  "smoothed": cosine.smoothed if cosine else []}

@@ -184,6 +184,10 @@ class RankRequest(Contract):
     # The conversation channel (policy/context.py): conversation turns leave the BM25 and
     # cosine lists, and the embedder adds their smoothed cosine.
     conversation: bool = False
+    # The embedder: how long it may embed the versions the filters allow that have no vector
+    # yet, ahead of its background work, before it ranks without them (read-your-writes; the
+    # recall sends what is left of its cosine deadline).
+    wait_ms: int = Field(default=1000, ge=0, le=60_000)
 
 
 class Neighbours(Contract):
@@ -201,6 +205,9 @@ class Ranking(Contract):
     # indexer's context BM25 when asked, the embedder's smoothed cosine + speaker bonus.
     context: list[tuple[str, float]] = Field(default_factory=list)
     smoothed: list[tuple[str, float]] = Field(default_factory=list)
+    # The embedder: how many of the versions the filters allow it ranked without, their
+    # vectors not made within the request's wait (the recall says the channel is degraded).
+    unembedded: int = 0
 
 
 class PrincipalRequest(Contract):

@@ -1,5 +1,7 @@
 """Coalescing concurrent embedding requests into one call on the model's thread (under load: one
-thread hop for many texts; `OnnxEmbedder` runs each text alone)."""
+thread hop for many texts; `OnnxEmbedder` runs each text alone). Each vector is handed back as
+soon as it is made, not at the end of its batch: a recall's next step (its cosine rank, which has
+the versions it lacks embedded meanwhile) starts one text's run after the model took it up."""
 
 from __future__ import annotations
 
@@ -34,17 +36,24 @@ class Batcher:
         return await future
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
             while len(batch) < self._size and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+
+            def run(batch: list[tuple[str, asyncio.Future[np.ndarray]]] = batch) -> None:
+                for text, future in batch:  # on the model's thread
+                    loop.call_soon_threadsafe(_resolve, future, self._embed.embed([text])[0])
+
             try:
-                vectors = await self._run(self._embed.embed, [text for text, _ in batch])
+                await self._run(run)
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
-                continue
-            for (_, future), vector in zip(batch, vectors, strict=True):
-                if not future.done():
-                    future.set_result(vector)
+
+
+def _resolve(future: asyncio.Future[np.ndarray], vector: np.ndarray) -> None:
+    if not future.done():  # its caller may have given up
+        future.set_result(vector)

@@ -265,11 +265,15 @@ class Catalog:
 
     # --- vectors (a catalog made with `dim`) ---
 
-    def unembedded(self, *, up_to: int | None = None) -> list[str]:
-        """The versions that have no vector yet (those whose seq is at most `up_to`)."""
+    def unembedded(self, *, up_to: int | None = None,
+                   among: np.ndarray | None = None) -> list[str]:
+        """The versions that have no vector yet (those whose seq is at most `up_to`, those
+        `among` a mask over the rows)."""
         lacking = ~self._c.embedded[: self._n]
         if up_to is not None:
             lacking &= self._c.seq[: self._n] <= up_to
+        if among is not None:
+            lacking &= among
         return [self._ids[row] for row in np.flatnonzero(lacking)]
 
     def created(self, memory_ids: list[str]) -> np.ndarray:
@@ -281,6 +285,11 @@ class Catalog:
         """For each id, whether the catalog holds it without a vector."""
         rows = [self._row.get(memory_id) for memory_id in memory_ids]
         return [row is not None and not self._c.embedded[row] for row in rows]
+
+    def embedded(self, memory_ids: list[str]) -> list[bool]:
+        """For each id, whether the catalog holds it with its vector."""
+        rows = [self._row.get(memory_id) for memory_id in memory_ids]
+        return [row is not None and bool(self._c.embedded[row]) for row in rows]
 
     def set_vectors(self, memory_ids: list[str], matrix: np.ndarray) -> None:
         assert self._c.vectors is not None, "a catalog without vectors"

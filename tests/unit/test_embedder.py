@@ -15,13 +15,11 @@ import numpy as np
 import pytest
 
 from memgate.actors import embedder as embedder_module
-from memgate.actors.embedder import URGENT_MAX, EmbedderActor
+from memgate.actors.embedder import BACKGROUND_BATCH, EmbedderActor
 from memgate.bus import subjects
-from memgate.contracts.errors import ErrorCode, MemgateError
 from memgate.contracts.events import MemoriesDeleted, MemoryStored
 from memgate.contracts.internal import Owner, Ranking, RankRequest, RecallFilters
 from memgate.runtime.actor import BACKGROUND_NICE
-from tests.conftest import eventually
 from tests.fakes import FakeBus, FakeEmbedder, Served, catalog_route, served, texts_route
 
 pytestmark = pytest.mark.unit
@@ -40,9 +38,15 @@ class World:
 
     async def rank(self, query: str, *, min_seq: int = 0, exclude: tuple[str, ...] = (),
                    namespace: str | None = None) -> list[str]:
-        return (await self.bus.call(subjects.embed("p0", "rank"), RankRequest(
-            filters=RecallFilters(owner=OWNER, namespace=namespace), query=query, depth=10,
-            min_seq=min_seq, exclude=list(exclude)), Ranking)).memory_ids
+        return (await self.ranking(query, min_seq=min_seq, exclude=exclude,
+                                   namespace=namespace)).memory_ids
+
+    async def ranking(self, query: str, *, min_seq: int = 0, exclude: tuple[str, ...] = (),
+                      namespace: str | None = None, wait_ms: int = 1000,
+                      owner: Owner = OWNER) -> Ranking:
+        return await self.bus.call(subjects.embed("p0", "rank"), RankRequest(
+            filters=RecallFilters(owner=owner, namespace=namespace), query=query, depth=100,
+            min_seq=min_seq, exclude=list(exclude), wait_ms=wait_ms), Ranking)
 
     async def stored(self, *ids: str) -> None:
         await self.fake.deliver(DURABLE, [MemoryStored(partition="p0", owner=OWNER, memory_id=i,
@@ -100,62 +104,85 @@ async def test_a_memory_whose_event_has_not_come_is_embedded_when_ranked_and_onl
     assert sum(len(call) for call in world.model.calls) == embedded
 
 
-async def test_a_rank_does_not_wait_for_a_backlog_it_says_the_channel_is_missing(
+async def test_a_rank_embeds_a_backlog_of_its_own_scope_and_its_events_do_not_again(
         world: World) -> None:
-    world.texts.update({f"m{i}": f"budget note {i}" for i in range(URGENT_MAX + 1)})
-    with pytest.raises(MemgateError) as refused:  # the recall answers `degraded: ["cosine"]`
-        await world.rank("budget", min_seq=len(world.texts))
-    assert refused.value.code == ErrorCode.UNAVAILABLE
-    assert world.model.calls == [["warm up"]]  # the backlog is left to the events
-
-
-async def test_a_backlog_whose_events_are_coming_is_left_to_them_and_embedded_once(
-        world: World) -> None:
-    """A rank that finds a backlog while its events wait in the stream does not embed it in
-    the background too: at saturation both embedded the same versions (bench.compare: 40%
-    more CPU per remember, vectors a second later)."""
-    backlog = {f"m{i}": f"budget note {i}" for i in range(URGENT_MAX + 1)}
-    world.texts.update(backlog)
+    """Read-your-writes at any backlog: a rank that finds many versions without vectors (a
+    burst of remembers, their events still waiting) has them embedded first and ranks them
+    all; the events that come after find them embedded (at saturation, embedding a version
+    twice cost 40% more CPU per remember: bench.compare)."""
+    world.texts.update({f"m{i}": f"budget note {i}" for i in range(3 * BACKGROUND_BATCH)})
     world.fake.consumers[DURABLE].pending = len(world.texts)  # their events wait
-    with pytest.raises(MemgateError):
-        await world.rank("budget", min_seq=len(world.texts))
-    await asyncio.sleep(0.2)
-    assert world.model.calls == [["warm up"]]
+    ranking = await world.ranking("budget", min_seq=len(world.texts))
+    assert sorted(ranking.memory_ids) == sorted(world.texts) and ranking.unembedded == 0
+    embedded = [text for call in world.model.calls[1:] for text in call if text != "budget"]
+    assert sorted(embedded) == sorted(world.texts.values())
     world.fake.consumers[DURABLE].pending = 0
     await world.stored(*world.texts)
-    embedded = [text for call in world.model.calls[1:] for text in call]
-    assert sorted(embedded) == sorted(world.texts.values())
+    assert [text for call in world.model.calls[1:] for text in call if text != "budget"] == embedded
 
 
-async def test_a_backlog_whose_events_have_passed_is_embedded_while_others_events_wait(
+async def test_a_rank_whose_wait_ends_ranks_without_the_versions_still_missing(
         world: World) -> None:
-    """An owner whose vectors were lost (their events applied long ago) is not left degraded
-    while other members' remembers keep the stream busy."""
-    world.texts.update({f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)})
-    newer = MemoryStored(partition="p0", owner=OTHER, memory_id="c", seq=len(world.texts))
-    await world.fake.deliver(DURABLE, [newer.to_json()])  # another member's, newer than all
-    world.fake.consumers[DURABLE].pending = 2  # and more waiting: the stream is never idle
-
-    async def ranked() -> bool:
-        try:
-            return bool(await world.rank("budget", min_seq=len(world.texts)))
-        except MemgateError:  # degraded: still embedding
-            return False
-
-    await eventually(ranked, timeout=5)
+    """The recall says `degraded: ["cosine"]` from the count, never that it is complete."""
+    await world.stored("a")
+    world.texts["d"] = "budget lunch"  # remembered; its event has not come yet
+    ranking = await world.ranking("budget", min_seq=4, wait_ms=0)
+    assert ranking.unembedded == 1 and sorted(ranking.memory_ids) == ["a", "b", "c"]
+    ranking = await world.ranking("budget", min_seq=4)  # embedded meanwhile or now
+    assert ranking.unembedded == 0 and sorted(ranking.memory_ids) == ["a", "b", "c", "d"]
 
 
-async def test_a_backlog_whose_events_are_not_published_yet_is_left_to_them(
-        world: World) -> None:
-    """Few events wait, but the versions lacking vectors are newer than any event applied:
-    their events are on their way (the relay publishes after the commit), so nothing embeds
-    them in the background too (bench.compare: 5.9 → 7.5 ms of CPU per remember)."""
-    world.texts.update({f"m{i}": f"budget note {i}" for i in range(3 * URGENT_MAX)})
-    world.fake.consumers[DURABLE].pending = 1
-    with pytest.raises(MemgateError):
-        await world.rank("budget", min_seq=len(world.texts))
-    await asyncio.sleep(0.2)
-    assert world.model.calls == [["warm up"]]
+async def test_a_rank_embeds_the_versions_its_filters_allow_not_the_rest(world: World) -> None:
+    await world.fake.deliver(DURABLE, [MemoryStored(
+        partition="p0", owner=OWNER, memory_id=i, seq=n).to_json()
+        for n, i in enumerate(world.texts, start=1)])
+    ranking = await world.ranking("budget", namespace="elsewhere", wait_ms=0)
+    assert ranking == Ranking(memory_ids=[])
+
+
+async def test_a_waiting_rank_goes_before_the_background_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another member's burst is embedded in small batches; a rank's versions are embedded
+    before the background's next batch, so it waits for at most the one being embedded."""
+    gate, entered = threading.Event(), threading.Semaphore(0)
+    model = FakeEmbedder(gate)
+    embed = model.embed
+
+    def embed_noting_entry(texts: list[str]) -> np.ndarray:
+        entered.release()
+        return embed(texts)
+
+    monkeypatch.setattr(model, "embed", embed_noting_entry)
+    monkeypatch.setattr(embedder_module, "OnnxEmbedder", lambda *_, **__: model)
+    burst = {f"o{i}": f"another note {i}" for i in range(3 * BACKGROUND_BATCH)}
+    mine = {"a": "budget review numbers", "b": "team lunch friday"}
+    texts = burst | mine
+    owners = {i: OTHER for i in burst} | {i: OWNER for i in mine}
+    fake = FakeBus({subjects.store("p0", "texts"): texts_route(texts),
+                    subjects.store("p0", "catalog"): catalog_route(texts, owners)})
+    actor = EmbedderActor(partition="p0", path=tmp_path / "vectors.duckdb", model=Path("m"),
+                          tokenizer=Path("t"), bus=fake, batch=4)
+    gate.set()
+    async with served(actor) as bus:
+        world = World(bus, fake, model, texts)
+        assert entered.acquire(timeout=1)  # the warm-up
+        gate.clear()
+        events = asyncio.create_task(fake.deliver(DURABLE, [MemoryStored(
+            partition="p0", owner=OTHER, memory_id=i, seq=n).to_json()
+            for n, i in enumerate(burst, start=1)]))
+        # the first background batch is on the model, then the rank's on the urgent thread
+        assert await asyncio.to_thread(entered.acquire, True, 10)
+        ranking = asyncio.create_task(world.ranking("budget review numbers",
+                                                    min_seq=len(texts)))
+        assert await asyncio.to_thread(entered.acquire, True, 10)
+        gate.set()
+        assert (await ranking).memory_ids[0] == "a"
+        await events
+    calls = [set(call) for call in model.calls]
+    urgent = next(n for n, call in enumerate(calls) if call <= set(mine.values()))
+    background = [n for n, call in enumerate(calls) if call <= set(burst.values())]
+    assert all(len(calls[n]) <= BACKGROUND_BATCH for n in background)
+    assert len(background) == 3 and urgent < background[1]
 
 
 async def test_a_redelivered_event_does_not_embed_again(world: World) -> None:
