@@ -69,9 +69,10 @@ TABLE: tuple[Row, ...] = (
     Row("delete_all", WORKS + " (with `user_id`, `agent_id` or `run_id`)",
         lambda c, ids: c.delete_all(user_id="gone")),
     Row("history", WORKS, lambda c, ids: c.history(ids["history"])),
-    unserved("users", lambda c, ids: c.users()),
-    unserved("delete_users", lambda c, ids: c.delete_users(user_id="alex")),
-    unserved("reset", lambda c, ids: c.reset()),
+    Row("users", WORKS + " (each `user_id`, `agent_id`, `run_id` memories are about)",
+        lambda c, ids: c.users()),
+    Row("delete_users", WORKS + " (every memory about the entity; none: 404)",
+        lambda c, ids: c.delete_users(user_id="leaving")),
     Row("batch_update", WORKS, lambda c, ids: c.batch_update(
         [{"memory_id": ids["batch"], "text": "I like black tea"}])),
     Row("batch_delete", WORKS, lambda c, ids: c.batch_delete([{"memory_id": ids["batch"]}])),
@@ -101,6 +102,8 @@ TABLE: tuple[Row, ...] = (
     unserved("update_webhook", lambda c, ids: c.update_webhook(1, name="hook")),
     unserved("delete_webhook", lambda c, ids: c.delete_webhook(1)),
     unserved("feedback", lambda c, ids: c.feedback("m", "POSITIVE")),
+    Row("reset", WORKS + " (every memory of the space deleted; walked last)",
+        lambda c, ids: c.reset()),
 )
 
 
@@ -135,6 +138,7 @@ async def prepared(client: MemoryClient) -> dict[str, str]:
                               infer=False))["results"]
         ids[name] = added["id"]
     await call(client.add, "I am leaving", user_id="gone", infer=False)
+    await call(client.add, "I am leaving too", user_id="leaving", infer=False)
     ids["job"] = (await call(client.generate_profile, "alex"))["job_id"]
     return ids
 
@@ -344,3 +348,24 @@ async def test_at_most_four_profile_jobs_of_a_space_are_under_way_at_once(
     assert response.json()["error"]["code"] == "MEMORY_SPACE_RATE_LIMITED"
     again = await call(client.generate_profile, "alex", idempotency_key="job-key-0")
     assert (again["job_id"], again["replayed"]) == (first["job_id"], True)  # not refused
+
+
+async def test_users_lists_who_memories_are_about_and_delete_users_deletes_theirs(
+        memgate: Memgate) -> None:
+    space = await new_space(memgate)
+    client = await space.client()
+    await call(client.add, "I like tea", user_id="alex")
+    await call(client.add, "alex asked the bot", user_id="alex", agent_id="bot")
+    await call(client.add, "I swim", user_id="sam", run_id="r1")
+    listed = await call(client.users)
+    assert listed["count"] == len(listed["results"])
+    assert sorted((e["type"], e["name"], e["total_memories"]) for e in listed["results"]) == [
+        ("agent", "bot", 1), ("run", "r1", 1), ("user", "alex", 2), ("user", "sam", 1)]
+
+    await call(client.delete_users, user_id="alex")
+    assert [m["memory"] for m in (await call(client.get_all))["results"]] == ["I swim"]
+    with pytest.raises(MemoryNotFoundError):
+        await call(client.delete_users, user_id="nobody")
+    await call(client.reset)
+    assert (await call(client.get_all))["results"] == []
+    assert (await call(client.users))["results"] == []

@@ -53,6 +53,7 @@ from memgate.contracts.mem0 import (
     MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
 from memgate.contracts.spaces import Entity, Permission, SpaceAccess, SpaceRole
+from memgate.actors.space_entities import SpaceEntities
 from memgate.actors.space_profiles import SpaceProfiles
 from memgate.policy import extraction
 from memgate.policy.imports import Imported, imported
@@ -309,6 +310,8 @@ class SpaceMemoriesActor(ActorBase):
         self._extract_timeout = extract_timeout_s
         self._profiles = SpaceProfiles(spaces=self._spaces, state=BusProfileState(bus),
                                        storage=storage, chat=chat)
+        self._entity_calls = SpaceEntities(spaces=self._spaces, storage=storage,
+                                           read_max=READ_MAX)
 
     @classmethod
     def on_bus(cls, bus: Requester, *, partitions: int, chat: ChatModel,
@@ -332,6 +335,7 @@ class SpaceMemoriesActor(ActorBase):
             "import": self.import_memories,
         }
         public.update(self._profiles.public())  # mem0 2.2's user profiles
+        public.update(self._entity_calls.public())  # users(), delete_users(), reset()
         handlers = {**{subjects.space(f"memories.{operation}"): enveloped(handler)
                        for operation, handler in public.items()},
                     subjects.space_memories_internal("extract"): self.extract}

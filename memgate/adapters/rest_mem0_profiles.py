@@ -1,11 +1,11 @@
 """REST routes: the rest of mem0 2.2.1's client under /memory/{spaceId} (SPEC §4.4). Bus
 clients only.
 
-The user-profile calls go to the space-memories actor like every mem0 route
-(`actors.space_profiles`). The calls memgate does not serve (`UNSERVED`: entity listing,
-exports, summaries, project settings, webhooks, feedback) answer mem0's own refusal: 404 with
-`detail` naming the call, which the client raises as its `MemoryNotFoundError`
-(docs/mem0-client.md lists every method of the client and what it gets).
+The user-profile and entity calls go to the space-memories actor like every mem0 route
+(`actors.space_profiles`, `actors.space_entities`). The calls memgate does not serve
+(`UNSERVED`: exports, summaries, project settings, webhooks, feedback) answer mem0's own
+refusal: 404 with `detail` naming the call, which the client raises as its
+`MemoryNotFoundError` (docs/mem0-client.md lists every method of the client and what it gets).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from memgate.adapters.http_errors import COMMON, responses
 from memgate.adapters.rest_mem0 import READS, WRITES, Mem0Route, _json, forwarder, mem0_error
 from memgate.adapters.routing import Mark, Send
 from memgate.contracts.errors import NotFoundError
+from memgate.contracts.mem0 import Mem0Message
+from memgate.contracts.mem0_entities import EntityList
 from memgate.contracts.profiles import (
     Profile, ProfileJobCreated, ProfileJobEnvelope, ProfileSettings,
 )
@@ -27,8 +29,6 @@ KEY_HEADER_MAX = 256  # characters of an Idempotency-Key forwarded (the actor al
 
 # (method, path, the client's methods that call it) of each mem0 route memgate does not serve
 UNSERVED: tuple[tuple[str, str, str], ...] = (
-    ("GET", "/v1/entities/", "users, delete_users(), reset"),
-    ("DELETE", "/v2/entities/{entityType}/{entityId}/", "delete_users"),
     ("POST", "/v1/exports/", "create_memory_export"),
     ("POST", "/v1/exports/get/", "get_memory_export"),
     ("POST", "/v1/summary/", "get_summary"),
@@ -55,6 +55,14 @@ def router(send: Send, mark: Mark) -> APIRouter:
     routes = APIRouter(prefix="/memory/{spaceId}", tags=["mem0-compatible"],
                        route_class=Mem0Route)
     forward = forwarder(send)
+
+    @routes.get("/v1/entities/", responses=READS)
+    async def mem0_users(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "users", EntityList)))
+
+    @routes.delete("/v2/entities/{entityType}/{entityId}/", responses=READS)
+    async def mem0_delete_entity(request: Request) -> JSONResponse:
+        return JSONResponse(_json(await forward(request, "delete_entity", Mem0Message)))
 
     @routes.get("/v2/entities/{entityType}/{entityId}/profile/", responses=READS)
     async def mem0_get_profile(request: Request) -> JSONResponse:
