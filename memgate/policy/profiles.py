@@ -90,20 +90,33 @@ def masked_json(value: Any) -> Any:
     return _replaced(value, masked)
 
 
-def _local_refs_only(value: Any) -> bool:
-    if isinstance(value, dict):
-        ref = value.get("$ref")
-        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
-            return False
-        return all(_local_refs_only(item) for item in value.values())
+REGEX_KEYWORDS = frozenset({"pattern", "patternProperties"})
+NAMING_KEYWORDS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _keyword_problem(value: Any, naming: bool = False) -> str | None:
+    """What a schema may not hold: a `$ref` outside itself (nothing is fetched), or a regular
+    expression (one run on the LLM's answer could backtrack for ever). The keys of
+    `properties` and the like are names, not keywords."""
     if isinstance(value, list):
-        return all(_local_refs_only(item) for item in value)
-    return True
+        return next((p for item in value if (p := _keyword_problem(item))), None)
+    if not isinstance(value, dict):
+        return None
+    if naming:
+        return next((p for item in value.values() if (p := _keyword_problem(item))), None)
+    ref = value.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        return '"$ref" only within the schema ("#/...")'
+    if REGEX_KEYWORDS & value.keys():
+        return "no pattern or patternProperties"
+    return next((p for key, item in value.items()
+                 if (p := _keyword_problem(item, naming=key in NAMING_KEYWORDS))), None)
 
 
 def checked_schema(schema: Any) -> dict[str, Any]:
     """The schema as it is kept: a JSON object schema whose every property has a description,
-    valid JSON Schema, within bounds, with no reference outside itself; strings masked.
+    valid JSON Schema, within bounds, with no reference outside itself and no regular
+    expression; strings masked.
     Raises VALIDATION_ERROR (the problem, never a value) or AGENT_MEMORY_PERSONAL_DATA."""
     if not isinstance(schema, dict):
         raise _invalid("a JSON Schema object")
@@ -124,8 +137,8 @@ def checked_schema(schema: Any) -> dict[str, Any]:
             raise _invalid(f"every property has a description (not {name!r})"
                            if not contains_personal_data(name) else
                            "every property has a description")
-    if not _local_refs_only(schema):
-        raise _invalid('"$ref" only within the schema ("#/...")')
+    if (problem := _keyword_problem(schema)) is not None:
+        raise _invalid(problem)
     masked: dict[str, Any] = masked_json(schema)
     try:
         validator_for(masked).check_schema(masked)
