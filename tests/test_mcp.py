@@ -163,7 +163,7 @@ async def test_the_four_tools_are_listed_with_the_contracts_camelcase_schemas(
         assert tools[name].output_schema == result.model_json_schema(by_alias=True,
                                                                      mode="serialization")
         assert tools[name].description
-    assert {"namespace", "text", "key", "collectionId", "citations"} == set(
+    assert {"namespace", "text", "key", "collectionId", "citations", "idempotencyKey"} == set(
         tools["remember_memory"].input_schema["properties"])
     assert "asOf" in tools["recall_memories"].input_schema["properties"]
     assert "memoryId" in tools["forget_memory"].input_schema["properties"]
