@@ -86,6 +86,7 @@ class GovernanceActor(ActorBase):
         self._directory = directory
         self._members = members
         self._operator = Operator(admin_token) if admin_token is not None else None
+        self._operator_loaded = False
         self._registry = registry
         self._storage = storage
         self._recall = recall
@@ -109,9 +110,15 @@ class GovernanceActor(ActorBase):
                    partitions=partitions if names_partitions else None,
                    members=BusDirectory(bus), admin_token=admin_token)
 
-    async def start(self) -> None:
-        if self._operator is not None:
+    def _is_operator(self, token: str | None) -> bool:
+        """The operator's token? Read at the first import that asks, not at start: a lone
+        governance process (`memgate actors --only governance`) makes no token file."""
+        if self._operator is None:
+            return False
+        if not self._operator_loaded:
             self._operator.load()
+            self._operator_loaded = True
+        return self._operator.is_token(token)
 
     def endpoints(self) -> list[Endpoint]:
         """The public commands it takes (`serves`): from the bus, and from the REST and MCP
@@ -196,7 +203,7 @@ class GovernanceActor(ActorBase):
         `createdAt`; such an import is counted by no hourly budget."""
         with tracing.span("governance"):
             envelope = parse(Envelope, payload)
-            operator = self._operator is not None and self._operator.is_token(envelope.token)
+            operator = self._is_operator(envelope.token)
             principal = None if operator else await self._principal(envelope, Scope.WRITE)
             request = parse(ImportRequest, envelope.body)
             if principal is not None and request.workspace_id is not None:

@@ -157,8 +157,15 @@ def _mask_once(text: str, counts: Counter[str]) -> str:
     return "".join(m for pair in zip(masked, [*uuids, ""], strict=True) for m in pair)
 
 
+# Every detector but EMAIL needs a digit, and EMAIL an `@`: a text with neither has nothing to
+# mask, and is passed by one scan instead of every detector's (a bulk import's 1,000 texts).
+_MAYBE_PERSONAL = re.compile(r"[\d@]")
+
+
 def mask(text: str) -> Masked:
     """Replace every piece of personal data with a typed placeholder, deterministically."""
+    if _MAYBE_PERSONAL.search(text) is None:
+        return Masked(text=text, counts={})
     counts: Counter[str] = Counter()
     while True:
         masked = _mask_once(text, counts)

@@ -39,7 +39,8 @@ def test_children_ask_for_huge_pages_and_keep_the_users_tunables(tmp_path: Path)
 
 def test_each_public_command_is_taken_from_the_bus_by_one_group_only(tmp_path: Path) -> None:
     layout = {g.name: g for g in groups(Settings(data_dir=tmp_path))}
-    assert layout["store"].governs == {subjects.REMEMBER, subjects.LIST, subjects.FORGET}
+    assert layout["store"].governs == {subjects.REMEMBER, subjects.LIST, subjects.FORGET,
+                                       subjects.IMPORT}
     assert layout[FRONT].governs == {subjects.RECALL}  # beside recall
     assert all("governance" in layout[name].actors for name in ("store", FRONT))
     assert "governance" not in layout["index"].actors
