@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from memgate.bus import parse
 from memgate.contracts import Contract, Envelope
@@ -47,6 +47,7 @@ from memgate.tasks import cancelled
 log = logging.getLogger("memgate.space-profiles")
 JOBS_PATH = "/v2/profiles/jobs/"
 Handler = Callable[[Envelope], Awaitable[Contract]]
+B = TypeVar("B", bound=Contract)
 
 
 def _now() -> datetime:
@@ -63,7 +64,7 @@ def _not_enabled() -> UnprocessableError:
                               {"status": "not_enabled"})
 
 
-def _body(model: type[Any], envelope: Envelope) -> Any:
+def _body(model: type[B], envelope: Envelope) -> B:
     if "refusedBody" in envelope.params:
         raise ValidationFailedError("the body is not a JSON object", {"field": "body"})
     return parse(model, envelope.body)
@@ -152,7 +153,7 @@ class SpaceProfiles:
 
     async def create_job(self, envelope: Envelope) -> ProfileJobCreated:
         access = await self._spaces.access(envelope, Permission.CAN_UPDATE)
-        body: CreateProfileJob = _body(CreateProfileJob, envelope)
+        body = _body(CreateProfileJob, envelope)
         key = envelope.params.get("idempotencyKey", "")
         if not KEY_MIN <= len(key) <= KEY_MAX:
             raise ValidationFailedError(
