@@ -301,15 +301,15 @@ async def test_a_profile_schema_that_is_no_described_object_schema_is_refused(
     assert (await call(client.get_profile_settings))["entities"]["user"]["schema"] is None
 
 
-async def test_a_users_profile_goes_with_their_erasure_and_is_sealed_in_backups(
+async def test_a_users_profile_goes_with_their_erasure_or_their_space_and_is_sealed_in_backups(
         tmp_path: Path, llm: Llm) -> None:
-    word = canary()
+    word, kept = canary(), canary()
     async with AsyncExitStack() as stack:
         memgate = await run_memgate(tmp_path, stack)
         space = await new_space(memgate, llm)
         client = await space.client()
         await call(client.add, f"I collect {word} stamps", user_id=USER, infer=False)
-        await call(client.add, "I collect coins", user_id="other-user", infer=False)
+        await call(client.add, f"I collect {kept} coins", user_id="other-user", infer=False)
         for user in (USER, "other-user"):
             job = await call(client.generate_profile, user)
             assert (await finished(client, job["status_url"]))["status"] == "succeeded"
@@ -327,7 +327,10 @@ async def test_a_users_profile_goes_with_their_erasure_and_is_sealed_in_backups(
         with pytest.raises(MemoryNotFoundError):
             await call(client.get_profile, USER)
         assert (await call(client.get_profile, "other-user"))["status"] == "succeeded"
-    assert hits(data, needles(word)) == []
+        assert hits(data, needles(word)) == []
+        assert any(f.endswith("spaces.duckdb") for f in hits(data, needles(kept)))
+        await memgate.ok("DELETE", f"/memory/spaces/{space.id}", space.owner.token)
+        assert hits(data, needles(kept)) == []  # the space's profiles left with it
 
 
 async def test_at_most_four_profile_jobs_of_a_space_are_under_way_at_once(
