@@ -702,10 +702,12 @@ class SpaceMemoriesActor(ActorBase):
                                  {"permission": "owner"})
         body = _body(ImportMemories, envelope)
         checked = await asyncio.to_thread(_imports, body.memories, datetime.now(UTC))
-        owner = _owner(access.workspace_id, access.space_id)
         fresh = [c for c in checked if isinstance(c, Imported)]
-        present = await asyncio.gather(*(self._current(owner, c.key) for c in fresh))
-        there = {c.key for c, current in zip(fresh, present, strict=True) if current is not None}
+        there: set[str | None] = set()
+        if fresh:  # one read for them all (their ids are unique: one current version each)
+            there = {m.key for m in (await self._storage.list(StoreQuery(
+                owner=_owner(access.workspace_id, access.space_id),
+                keys=[c.key for c in fresh], limit=len(fresh)))).memories}
         todo = [c for c in fresh if c.key not in there]
         if todo:
             await self._import(access, todo)

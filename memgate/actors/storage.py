@@ -282,7 +282,8 @@ class StorageActor(ActorBase):
         return Filters(query.owner.tenant, query.owner.subject_id, query.namespace, query.key,
                        query.collection_id,
                        None if query.collection_ids is None else tuple(query.collection_ids),
-                       None if query.namespaces is None else tuple(query.namespaces))
+                       None if query.namespaces is None else tuple(query.namespaces),
+                       keys=None if query.keys is None else tuple(query.keys))
 
     async def list_memories(self, payload: bytes) -> ListResult:
         query = parse(StoreQuery, payload)

@@ -75,6 +75,7 @@ class StoreQuery(Contract):
     collection_id: str | None = None
     collection_ids: list[str] | None = None  # a bound credential's context set
     namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
+    keys: list[str] | None = Field(default=None, max_length=1000)  # any of these (mem0 ids)
     as_of: datetime | None = None
     limit: int
     cursor: str | None = None

@@ -52,6 +52,9 @@ class MemoryReads:
         if filters.memory_ids is not None:
             clauses.append("list_contains(?::VARCHAR[], memory_id)")
             params.append(sorted(filters.memory_ids))
+        if filters.keys is not None:
+            clauses.append("list_contains(?::VARCHAR[], key)")
+            params.append(list(filters.keys))
         return " AND ".join(clauses), params
 
     def versions(self, filters: Filters, *, as_of: datetime, limit: int,

@@ -79,6 +79,7 @@ class Filters:
     collection_ids: tuple[str, ...] | None = None  # any of these (a context set)
     namespaces: tuple[str, ...] | None = None  # any of these (a mem0 filter's entities)
     memory_ids: frozenset[str] | None = None  # any of these versions (a mem0 metadata filter's)
+    keys: tuple[str, ...] | None = None  # any of these keys (the mem0 ids an import looks up)
 
 
 @dataclass(frozen=True)
