@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from memgate import MemgateClient
+from memgate.bus.logins import single_writers
 from memgate.contracts.errors import UnavailableError
 from tests.cluster import (
     ADMIN, RESUME_WITHIN_S, STANDBYS, Agent, Node, agent_in_a_new_workspace, answered,
@@ -64,6 +65,9 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         before = len(agent.acked)
         await home.kill()
         killed = time.monotonic()
+        # meanwhile each survivor's /healthz speaks for its node: its stores' owner gone is a
+        # degraded cluster (200), not a reason to take every node out (503)
+        health = asyncio.create_task(health_of(survivors[0], stop))
 
         async def resumed() -> bool:
             return len(agent.acked) > before + 5
@@ -71,6 +75,9 @@ async def test_a_stores_home_killed_outright_moves_it_to_a_standby_losing_nothin
         moved_s = await until(resumed, RESUME_WITHIN_S + 10)
         stop.set()
         await load
+        answers = await health
+        assert any(status == "degraded" for _, status, _ in answers), answers
+        assert all(code == 200 or set(waiting) - STORES for code, _, waiting in answers), answers
         print(f"writes resumed {moved_s:.1f} s after the kill")
         assert moved_s <= RESUME_WITHIN_S
 
@@ -148,6 +155,20 @@ async def test_a_standby_whose_process_started_again_keeps_its_copy_and_takes_th
 
 async def not_alive(pid: int) -> bool:
     return not alive(pid)
+
+
+STORES = set(single_writers(["p0"]))  # every store of the cluster's one partition
+
+
+async def health_of(node: Node, stop: asyncio.Event) -> list[tuple[int, str, list[str]]]:
+    """Each `/healthz` answer of `node` until `stop`: status code, status, what waited."""
+    answers = []
+    while not stop.is_set():
+        answer = await node.http.get("/healthz")
+        body = answer.json()
+        answers.append((answer.status_code, body["status"], body["waiting"]))
+        await asyncio.sleep(0.2)
+    return answers
 
 
 async def remembered_on_nats(agent: Agent, on_nats: MemgateClient, text: str) -> bool:

@@ -52,7 +52,7 @@ from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
     encode_cursor,
 )
-from memgate.storage.memory_rows import CatalogRow, imported, naive
+from memgate.storage.memory_rows import CatalogRow, naive
 
 log = logging.getLogger("memgate.storage")
 C = TypeVar("C")
@@ -189,15 +189,13 @@ class StorageActor(ActorBase):
     @staticmethod
     def _remember(command: StoreRemember, *,
                   rate: Literal["remembers", "imports"] | None = "remembers") -> Remember:
-        """`rate`: the hourly limit that counts it (a bulk import's is its own budget, under
-        `imported(credential)`; the operator's import has none)."""
+        """`rate`: the hourly limit that counts it (a bulk import's is a budget of its own; the
+        operator's import has none)."""
         owner = command.owner
         return Remember(
             Filters(owner.tenant, owner.subject_id, command.namespace, command.key,
                     command.collection_id),
-            memory_id=str(uuid.uuid4()),
-            credential_id=(imported(command.credential_id) if rate == "imports"
-                           else command.credential_id),
+            memory_id=str(uuid.uuid4()), credential_id=command.credential_id,
             text=command.text, retention_days=command.retention_days,
             citations=tuple(c.model_dump(by_alias=True) for c in command.citations),
             derived_from=tuple(command.derived_from), member_id=command.member_id,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
@@ -72,13 +72,18 @@ def _problems(exc: RequestValidationError) -> list[dict[str, str]]:
              "problem": err["msg"]} for err in exc.errors()]
 
 
-def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.0,
+def create_app(nats_url: str, *, ready_subjects: list[str],
+               cluster_subjects: Collection[str] = (), timeout: float = 10.0,
                nats_options: dict[str, Any] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                local: Mapping[str, Handler] | None = None) -> FastAPI:
     """The REST (and MCP) adapter. `local`: the commands an actor of this process answers,
-    sent to it without the server (`BusClient`); everything else goes over the bus."""
+    sent to it without the server (`BusClient`); everything else goes over the bus.
+    `/healthz` answers 200 once every one of `ready_subjects` answers; from then on, those of
+    them in `cluster_subjects` (a cluster's stores, served on any node) no longer count: one
+    waiting is a degraded cluster, said in the body, not a reason to take this node out."""
     state: dict[str, BusClient] = {}
+    came_up = False
     mcp = McpHttpEndpoint()
     # route name → the bus command it sends, for routes whose bus handler parses a body
     commands: dict[str, tuple[str, type[Contract]]] = {}
@@ -138,17 +143,21 @@ def create_app(nats_url: str, *, ready_subjects: list[str], timeout: float = 10.
 
     @app.get("/healthz", tags=["operations"], responses=responses(503))
     async def healthz() -> JSONResponse:
+        nonlocal came_up
         bus = state["bus"]
         replies = await asyncio.gather(
             *(bus.request(s, b"{}", Ready, timeout=READY_TIMEOUT_S) for s in ready_subjects),
             return_exceptions=True)
-        names = [s.removeprefix("mem.int.ready.") for s in ready_subjects]
-        waiting = [name for name, reply in zip(names, replies, strict=True)
+        waiting = [s for s, reply in zip(ready_subjects, replies, strict=True)
                    if isinstance(reply, BaseException)]
-        return JSONResponse({"status": "ok" if not waiting else "starting", "waiting": waiting,
-                             "actors": {name: "waiting" if name in waiting else "ready"
-                                        for name in names}},
-                            status_code=200 if not waiting else 503)
+        came_up = came_up or not waiting
+        degraded = came_up and all(s in cluster_subjects for s in waiting)
+        status = "ok" if not waiting else "degraded" if degraded else "starting"
+        names = {s: s.removeprefix("mem.int.ready.") for s in ready_subjects}
+        return JSONResponse({"status": status, "waiting": [names[s] for s in waiting],
+                             "actors": {name: "waiting" if s in waiting else "ready"
+                                        for s, name in names.items()}},
+                            status_code=200 if status != "starting" else 503)
 
     # --- agent memory operations (SPEC §3.1) ---
 

@@ -37,7 +37,9 @@ from memgate.app.datadir import private_files
 from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
-from memgate.app.system import Bus, actor_names, external_bus, internal_bus, start_actors
+from memgate.app.system import (
+    Bus, actor_names, external_bus, internal_bus, start_actors, store_names,
+)
 from memgate.observe import tracing
 from memgate.runtime.actor import hand_off_the_gil_promptly
 
@@ -69,6 +71,7 @@ def http_server(settings: Settings, bus: Bus) -> HttpServer:
     from memgate.adapters.rest import create_app
 
     api = create_app(bus.url, ready_subjects=actor_names(settings),
+                     cluster_subjects=store_names(settings),
                      timeout=settings.request_timeout_s, nats_options=bus.options,
                      max_body_bytes=settings.max_body_bytes, local=bus.here)
     return HttpServer(uvicorn.Config(

@@ -199,6 +199,15 @@ def actor_names(settings: Settings) -> list[str]:
     return [subjects.ready(name) for name in names]
 
 
+def store_names(settings: Settings) -> list[str]:
+    """Of those, the stores a cluster serves wherever their owners are: once every one was
+    ready, a node's `/healthz` speaks for that node, and a store without an owner makes the
+    cluster degraded (its view says so), not this node unready. None alone: one node is all."""
+    if not settings.routes:
+        return []
+    return [subjects.ready(name) for name in single_writers(settings.partition_names())]
+
+
 @dataclass(frozen=True)
 class Bus:
     """Where the actors' NATS is, and how each kind of internal client logs in to it."""

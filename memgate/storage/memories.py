@@ -295,7 +295,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         db = self._db
         now = datetime.now(UTC).replace(tzinfo=None)
         hour_ago = now - timedelta(hours=1)
-        recent = self._recent(sorted({i.credential_id for i in items if i.rate}), hour_ago)
+        recent = self._recent(sorted({i.counted_as for i in items if i.rate}), hour_ago)
         versions = self._versions({(i.filters.tenant, i.writer) for i in items})
         answers = self._records.answered(db, {s for i in items if (s := _scoped(i))}, now)
         outcomes: list[Stored | Exception | None] = []  # None: accepted, stored below
@@ -303,7 +303,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         claimed: dict[Scoped, int] = {}  # key → the position of the accepted item it names
         again: list[tuple[int, int]] = []  # (outcome index, position) of a key given twice
         for item in items:
-            count, oldest = recent.get(item.credential_id, (0, None))
+            count, oldest = recent.get(item.counted_as, (0, None))
             writer = (item.filters.tenant, item.writer)
             limit = item.limit(limits)
             scoped = _scoped(item)
@@ -324,7 +324,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             else:
                 created = item.created_at or self._instant()
                 if item.rate is not None:
-                    recent[item.credential_id] = (count + 1, oldest or created)
+                    recent[item.counted_as] = (count + 1, oldest or created)
                 versions[writer] = versions.get(writer, 0) + 1
                 if scoped is not None:
                     claimed[scoped] = len(accepted)
@@ -344,7 +344,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                 newest[key] = position
         rows = [
             _Inserted(item.memory_id, first + position, item.filters.tenant,
-                      item.filters.subject_id, item.credential_id, item.filters.namespace,
+                      item.filters.subject_id, item.counted_as, item.filters.namespace,
                       item.filters.key, item.filters.collection_id, item.text,
                       [*(c["passageId"] for c in item.citations), *item.derived_from],
                       created, superseded_at[position], item.expires(created),
@@ -376,7 +376,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             versions=[row.version() for row in rows],
             superseded=superseded)
         return [o for o in outcomes if o is not None], [
-            (item.credential_id if item.rate is not None else None,
+            (item.counted_as if item.rate is not None else None,
              (item.filters.tenant, item.writer), created)
             for _, item, created in accepted], written
 

@@ -96,9 +96,9 @@ class Remember:
     member_id: str | None = None  # who writes it (a space's memory); None: its owner
     extras: str | None = None  # JSON: a mem0 memory's metadata (masked), timestamp, expiry
     expires_at: datetime | None = None  # naive UTC: sooner than the retention, if earlier
-    # The hourly limit that counts it, per credential: a remember's, a bulk import's (whose
-    # credential is `imported(credential)`, so that the two never count each other), or none
-    # (the operator's import).
+    # The hourly limit that counts it, per credential: a remember's, a bulk import's (stored
+    # under `imported(credential)`, so that the two never count each other), or none (the
+    # operator's import).
     rate: Literal["remembers", "imports"] | None = "remembers"
     created_at: datetime | None = None  # naive UTC: kept from elsewhere (the operator's import)
     idempotency: str | None = None  # the SHA-256 of the caller's key (`storage.idempotency`)
@@ -114,6 +114,11 @@ class Remember:
         if self.rate is None:
             return None
         return limits.remembers_per_hour if self.rate == "remembers" else limits.imports_per_hour
+
+    @property
+    def counted_as(self) -> str:
+        """The credential the version is stored under, and its hourly window counted by."""
+        return imported(self.credential_id) if self.rate == "imports" else self.credential_id
 
     @property
     def writer(self) -> str:

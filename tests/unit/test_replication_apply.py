@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from memgate.cluster import replication
 from memgate.storage import Filters, MemoryStore, Remember
 from memgate.storage import compaction
+from memgate.storage.idempotency import digest
 from memgate.storage.vectors import VectorStore
 
 pytestmark = pytest.mark.unit
@@ -109,3 +111,35 @@ def test_vectors_put_one_after_another_are_put_as_one(
     standby.commit()
     assert rows(standby, "vectors") == rows(vectors.connection, "vectors")
     assert len(rows(standby, "vectors")) == 10
+
+
+def test_an_imports_rows_and_its_idempotency_records_reach_the_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bulk import (1,000 rows, one job) and keyed remembers are recorded as an owner ships
+    them: a copy given the statements holds its memories and idempotency records."""
+    monkeypatch.setattr(replication, "_root", tmp_path.resolve())
+    owner, copy = tmp_path / "memories.duckdb", tmp_path / "copy" / "memories.duckdb"
+    store = MemoryStore(owner)
+    store.connection.execute("CHECKPOINT")
+    copy.parent.mkdir()
+    shutil.copy(owner, copy)
+
+    def keyed(text: str, key: str) -> Remember:
+        return replace(remember(text), rate="imports", idempotency=digest(key))
+
+    units: list[replication.Unit] = []
+    for group in ([keyed(f"imported {n}", f"i{n}") for n in range(1000)],
+                  [keyed("one keyed", "solo")], [keyed("again", "solo"), remember("plain")]):
+        outcomes, exc, committed = replication.journaled(store.remember_group, group)
+        assert exc is None and not any(isinstance(o, Exception) for o in outcomes or [])
+        units += committed
+    standby = compaction.plain(copy)
+    standby.begin()
+    for sql, parameters in replication.merged(statements_of(units)):
+        standby.execute(sql, parameters) if parameters else standby.execute(sql)
+    standby.commit()
+    for table in ("memories", "idempotency"):
+        assert rows(standby, table) == rows(store.connection, table), table
+    assert len(rows(standby, "idempotency")) == 1001
+    store.close()
+    standby.close()
