@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -66,6 +68,13 @@ EVENT_BATCH = 128
 # at most one such batch (~16 × 2-5 ms) on the core the background takes; a hop to the model
 # thread costs ~0.1 ms, so smaller batches would not cost the background much either.
 BACKGROUND_BATCH = 16
+# Within a background batch, texts a model run at most between two looks at the ranks: while
+# this embedder answers a rank (a recall waits for it), the background model thread waits, at
+# most `YIELD_MAX_S` a look, so a burst's backlog takes no core from the recalls after it, and
+# drains at full speed whenever no recall comes (docs/DECISIONS.md, "A tail that does not
+# remember the burst").
+YIELD_TEXTS = 4
+YIELD_MAX_S = 0.05
 # Texts per model call in the urgent lane: a rank whose wait ends between two batches ranks
 # with those already made, and another owner's rank waits for one batch at most.
 URGENT_BATCH = 4
@@ -98,6 +107,9 @@ class EmbedderActor(ActorBase):
         self._lanes: Lanes[_Text] = Lanes()
         self._urgent: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()  # the urgent lane's vectors to the file
+        self._ranks = 0  # being answered
+        self._unranked = threading.Event()  # none is: the background model thread may run
+        self._unranked.set()
         # the writer of the vectors (named as the store: on a cluster, what it commits is
         # applied by the partition's standbys before it returns, `cluster.replication`)
         self._store_thread = Serial(self.name)
@@ -118,7 +130,8 @@ class EmbedderActor(ActorBase):
             OnnxEmbedder, self._model, self._tokenizer, threads=MODEL_THREADS))
         await self._model_thread(self._embedder.embed, ["warm up"])  # first run allocates
         self.vectors = await self._store_thread(VectorStore, self._path)
-        self._batcher = Batcher(self._embedder, self._model_thread, self._batch)
+        # queries on the urgent thread: a rank waits for its query (the background yields)
+        self._batcher = Batcher(self._embedder, self._urgent_thread, self._batch)
         self._batcher.start()
         self._urgent = asyncio.create_task(self._urgent_lane(), name=f"{self.name}.urgent")
         await self._events.start()
@@ -182,7 +195,7 @@ class EmbedderActor(ActorBase):
             claimed = set(self._lanes.claim([item.memory_id for _, _, item in batch]))
             batch = [each for each in batch if each[2].memory_id in claimed]
             try:
-                kept += await self._embed(batch, self._model_thread)
+                kept += await self._embed(batch, self._model_thread, self._yielding)
             finally:
                 self._lanes.done(list(claimed), urgent=False)
         await self._write(kept)
@@ -204,12 +217,14 @@ class EmbedderActor(ActorBase):
                 for (owner, (catalog, _)), items in zip(wanted.items(), replies, strict=True)
                 for item in items]
 
-    async def _embed(self, batch: list[_Text], thread: Serial) -> list[_Kept]:
-        """Embed these versions on `thread` and put their vectors in their catalogs (ranked
-        from now on); each vector is kept once (the first made): those kept, to `_write`."""
+    async def _embed(self, batch: list[_Text], thread: Serial,
+                     embed: Callable[[list[str]], np.ndarray] | None = None) -> list[_Kept]:
+        """Embed these versions on `thread` (with `embed`, else the model's) and put their
+        vectors in their catalogs (ranked from now on); each vector is kept once (the first
+        made): those kept, to `_write`."""
         if not batch:
             return []
-        matrix = await thread(self._embedder.embed, [item.text for _, _, item in batch])
+        matrix = await thread(embed or self._embedder.embed, [item.text for _, _, item in batch])
         kept = []
         for (owner, catalog, item), vector in zip(batch, matrix, strict=True):
             if catalog.lacking([item.memory_id])[0]:  # no await from here to the update
@@ -251,6 +266,15 @@ class EmbedderActor(ActorBase):
                 write = asyncio.create_task(self._written(kept), name=f"{self.name}.write")
                 self._writes.add(write)
                 write.add_done_callback(self._writes.discard)
+
+    def _yielding(self, texts: list[str]) -> np.ndarray:
+        """On the background model thread: these texts' vectors, `YIELD_TEXTS` a run, each run
+        once no rank is being answered here (or `YIELD_MAX_S` later)."""
+        runs = []
+        for at in range(0, len(texts), YIELD_TEXTS):
+            self._unranked.wait(YIELD_MAX_S)
+            runs.append(self._embedder.embed(texts[at:at + YIELD_TEXTS]))
+        return np.vstack(runs)
 
     async def _written(self, kept: list[_Kept]) -> None:
         try:
@@ -352,6 +376,16 @@ class EmbedderActor(ActorBase):
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its
         vector when the caller sends one, else the query embedded here)."""
+        self._ranks += 1
+        self._unranked.clear()
+        try:
+            return await self._rank(payload)
+        finally:
+            self._ranks -= 1
+            if not self._ranks:
+                self._unranked.set()
+
+    async def _rank(self, payload: bytes) -> Ranking:
         request = parse(RankRequest, payload)
         until = asyncio.get_running_loop().time() + request.wait_ms / 1000
         catalog = await self.catch_up(request.filters.owner, request.min_seq)

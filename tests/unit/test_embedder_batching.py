@@ -1,4 +1,5 @@
-"""Under load a batch of events spans many owners: the embedder embeds them in one model call."""
+"""Under load a batch of events spans many owners: the embedder embeds them together (one hop to
+the model thread, a few texts a model run, one transaction)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memgate.actors import embedder as embedder_module
-from memgate.actors.embedder import EmbedderActor
+from memgate.actors.embedder import YIELD_TEXTS, EmbedderActor
 from memgate.bus import subjects
 from memgate.contracts.events import MemoryStored
 from memgate.contracts.internal import Owner
@@ -16,7 +17,7 @@ from tests.fakes import FakeBus, FakeEmbedder, catalog_route, served, texts_rout
 pytestmark = pytest.mark.unit
 
 
-async def test_a_batch_of_events_from_many_owners_is_embedded_in_one_model_call(
+async def test_a_batch_of_events_from_many_owners_is_embedded_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = FakeEmbedder()
@@ -32,10 +33,12 @@ async def test_a_batch_of_events_from_many_owners_is_embedded_in_one_model_call(
         await fake.deliver("embedder-p0", [
             MemoryStored(partition="p0", owner=owner, memory_id=memory_id, seq=seq).to_json()
             for owner in owners for seq, memory_id in enumerate(texts, start=1)])
-        assert model.calls[before:] == [["budget review", "team lunch"] * 3]
+        runs = model.calls[before:]
+        assert [text for run in runs for text in run] == ["budget review", "team lunch"] * 3
+        assert all(len(run) <= YIELD_TEXTS for run in runs)
         found, _ = actor.vectors.owner("ws", "member-0")  # ids are unique: the fake's are not
         assert sorted(found) == ["a", "b"]
         await fake.deliver("embedder-p0", [  # redelivered: every catalog has its vectors
             MemoryStored(partition="p0", owner=owner, memory_id="b", seq=2).to_json()
             for owner in owners])
-        assert len(model.calls) == before + 1
+        assert model.calls[before:] == runs
