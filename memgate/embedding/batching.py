@@ -42,12 +42,16 @@ class Batcher:
             while len(batch) < self._size and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
 
-            def run(batch: list[tuple[str, asyncio.Future[np.ndarray]]] = batch) -> None:
-                for text, future in batch:  # on the model's thread
+            def run(batch: list[tuple[str, asyncio.Future[np.ndarray]]] = batch) -> np.ndarray:
+                """On the model's thread: each vector but the last handed back as made (a
+                wake-up of the loop each: the last comes with the call's own)."""
+                for text, future in batch[:-1]:
                     loop.call_soon_threadsafe(_resolve, future, self._embed.embed([text])[0])
+                last: np.ndarray = self._embed.embed([batch[-1][0]])[0]
+                return last
 
             try:
-                await self._run(run)
+                _resolve(batch[-1][1], await self._run(run))
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
