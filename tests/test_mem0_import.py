@@ -86,6 +86,8 @@ def build_store(root: Path) -> dict[str, dict[str, Any]]:
         memory.add(f"the support bot answers in English, rule {n}", agent_id="support-bot",
                    metadata={"rule": n}, infer=False)
     memory.add(EMAIL, user_id=USERS[0], infer=False)  # nothing left once masked: refused
+    memory.add("a plan for 2099", user_id=USERS[1], expiration_date="2099-01-01", infer=False)
+    memory.add("an expired plan", user_id=USERS[1], expiration_date="2020-01-01", infer=False)
     shown: dict[str, dict[str, Any]] = {}
     for filters in [*({"user_id": u} for u in USERS), {"agent_id": "support-bot"}]:
         for found in memory.get_all(filters=filters, top_k=1000)["results"]:
@@ -141,7 +143,8 @@ async def test_a_mem0_store_imports_with_its_ids_users_metadata_categories_and_t
                                         "--space", space.id)
     assert code == 0, output
     kept = {i: m for i, m in shown.items() if m["memory"] != EMAIL}
-    assert f"{len(shown)} memories read from mem0" in output
+    assert (f"{len(shown)} memories read from mem0 (1 more in the store that mem0 does not "
+            "show: expired)") in output
     assert f"imported │ {len(kept)}" in output
     assert "AGENT_MEMORY_EMPTY memory" in output and EMAIL not in output
 
@@ -155,10 +158,13 @@ async def test_a_mem0_store_imports_with_its_ids_users_metadata_categories_and_t
             assert memory["memory"] == original["memory"].replace(EMAIL, "[EMAIL]")
             for name in ("user_id", "agent_id", "run_id"):
                 assert memory[name] == original.get(name)
-            assert memory["metadata"] == original["metadata"]
-            assert memory["categories"] == original["metadata"].get("categories", [])
+            assert memory["metadata"] == original.get("metadata")
+            assert memory["categories"] == (original.get("metadata") or {}).get("categories", [])
             assert instant(memory["created_at"]) == instant(original["created_at"])
             assert instant(memory["updated_at"]) == instant(original["updated_at"])
+    [plan] = [m for m in (await everything(client, user_id=USERS[1])).values()
+              if m["memory"] == "a plan for 2099"]
+    assert plan["expiration_date"] == "2099-01-01"
     bot = await everything(client, agent_id="support-bot")
     assert len(bot) == 10
     revised = [m for m in kept.values() if m["memory"].endswith("(revised)")]

@@ -124,10 +124,11 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def stored(config_path: Path) -> list[dict[str, Any]]:
+def stored(config_path: Path) -> tuple[list[dict[str, Any]], int]:
     """The memories of a mem0 open-source store, through `mem0ai` itself: its vector store's
     listing names the users, agents and runs, `Memory.get_all` gives each one's memories as
-    mem0 shows them (expired ones left out, as mem0 hides them)."""
+    mem0 shows them (expired ones left out, as mem0 hides them); and how many of the listing
+    get_all did not show."""
     config = _load(config_path)
     if not isinstance(config, dict):
         raise SourceError(f"{config_path} is not a mem0 config (an object)")
@@ -155,7 +156,7 @@ def stored(config_path: Path) -> list[dict[str, Any]]:
                 if found["id"] not in seen:
                     seen.add(found["id"])
                     memories.append(_from_oss(found))
-        return memories
+        return memories, len({str(row.id) for row in rows} - seen)
     finally:
         close = getattr(getattr(memory.vector_store, "client", None), "close", None)
         if callable(close):
@@ -244,11 +245,13 @@ def command(app: typer.Typer, base_url: Callable[[str | None], str],
         try:
             source = config or export
             assert source is not None
-            memories = stored(source) if config is not None else exported(source)
+            memories, hidden = stored(source) if config is not None else (exported(source), 0)
         except SourceError as error:
             typer.echo(f"memgate import: {error}", err=True)
             raise typer.Exit(1) from None
-        console.print(f"{len(memories)} memories read from mem0")
+        console.print(f"{len(memories)} memories read from mem0" + (
+            f" ({hidden} more in the store that mem0 does not show: expired)" if hidden else ""),
+            soft_wrap=True)
         caller = member(token)
         headers = {"Authorization": f"Bearer {caller}"} if caller else {}
         with httpx.Client(base_url=base_url(url).rstrip("/"), headers=headers,
