@@ -110,8 +110,8 @@ def mem0_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 @pytest.fixture
 async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
-    async with AsyncExitStack() as stack:  # an import budget for a few hundred memories
-        yield await run_memgate(tmp_path, stack, limit_remembers_per_hour=5000)
+    async with AsyncExitStack() as stack:  # the default limits: an import has its own budget
+        yield await run_memgate(tmp_path, stack)
 
 
 async def memgate_import(memgate: Memgate, token: str, *args: str) -> tuple[int, str]:
@@ -318,14 +318,16 @@ async def _at_least(count: Any, least: int) -> bool:
 async def test_an_import_stopped_by_its_hourly_budget_says_so_and_leaves_adds_their_own(
         tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
-        memgate = await run_memgate(tmp_path, stack, limit_remembers_per_hour=30)
+        memgate = await run_memgate(tmp_path, stack, limit_imports_per_hour=30)
         space = await new_space(memgate)
         export = tmp_path / "export.json"
         export.write_text(json.dumps(platform_export(50)))
         code, output = await memgate_import(memgate, space.owner.token, "--export",
                                             str(export), "--space", space.id, "--batch", "20")
-        assert code == 1
-        assert "imported │ 20" in output and "AGENT_MEMORY_RATE_LIMITED" in output
+        assert code == 1  # the second request: 10 stored, 10 refused, and no third one
+        assert counted(output, "imported") == 30
+        assert re.search(r"refused +│ 10 +│ AGENT_MEMORY_RATE_LIMITED", output)
+        assert "stopped: AGENT_MEMORY_RATE_LIMITED (retry after" in output
         assert f"--space {space.id}" in output
         client = await space.client()
         added = await asyncio.to_thread(client.add, "an add of my own", user_id="traveller-0")

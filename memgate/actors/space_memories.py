@@ -43,9 +43,11 @@ from memgate.contracts.errors import (
     UnprocessableError, ValidationFailedError,
 )
 from memgate.contracts.internal import (
-    Owner, RecallQuery, StoreForget, StoreQuery, StoreRemember, StoreRememberAll, space_owner,
+    Owner, RecallQuery, StoreForget, StoreImport, StoreQuery, StoreRemember, StoreRememberAll,
+    space_owner,
 )
 from memgate.contracts.memory import Extras
+from memgate.contracts.reply import ErrorBody
 from memgate.contracts.mem0 import (
     BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
     ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ImportedMemory,
@@ -188,6 +190,13 @@ def _imports(items: list[dict[str, Any]], now: datetime) -> list[Imported | Impo
             checked.append(ImportOutcome(id=key, status="refused", code=refused.code,
                                          field=_field_of(refused, field)))
     return checked
+
+
+def _refused_by(key: str, error: ErrorBody) -> ImportOutcome:
+    """An item storage refused (a limit: it may be imported later)."""
+    retry = error.details.get("retryAfterSeconds")
+    return ImportOutcome(id=key, status="refused", code=str(error.code),
+                         retry_after_seconds=retry if isinstance(retry, int) else None)
 
 
 def _field_of(refused: MemgateError, item: str) -> str | None:
@@ -693,9 +702,9 @@ class SpaceMemoriesActor(ActorBase):
         """memgate's own import of mem0 memories (`memgate import mem0`), a space owner's only
         (it keeps the memories' own timestamps): each checked and masked like an add, kept
         under its mem0 id; one whose id the space holds already is skipped, so an import run
-        again stores nothing twice. Those accepted are stored together or not at all, under
-        the member's import credential (`space-<spaceId>:<memberId>:import`, an hourly
-        budget of its own), their version limit the member's."""
+        again stores nothing twice. The others go to storage's bulk import: one transaction,
+        each stored or refused alone by the member's import budget (`MEMGATE_LIMIT_IMPORTS_
+        PER_HOUR`, apart from their adds) and version limit."""
         access = await self._access(envelope, Permission.CAN_UPDATE)
         if access.role is not SpaceRole.OWNER:
             raise ForbiddenError("only an owner of the memory space imports memories",
@@ -709,45 +718,49 @@ class SpaceMemoriesActor(ActorBase):
                 owner=_owner(access.workspace_id, access.space_id),
                 keys=[c.key for c in fresh], limit=len(fresh)))).memories}
         todo = [c for c in fresh if c.key not in there]
-        if todo:
-            await self._import(access, todo)
+        refused = await self._import(access, todo) if todo else {}
         return ImportResults(results=[
             c if isinstance(c, ImportOutcome) else
-            ImportOutcome(id=c.key, status="skipped" if c.key in there else "imported")
+            ImportOutcome(id=c.key, status="skipped") if c.key in there else
+            _refused_by(c.key, refused[c.key]) if c.key in refused else
+            ImportOutcome(id=c.key, status="imported")
             for c in checked])
 
-    async def _import(self, access: SpaceAccess, memories: list[Imported]) -> None:
-        """The memories stored in one transaction, each entity's row written pending first and
-        settled after (as `_remember_about` does for one entity)."""
-        entities = list({(m.entity.user_id, m.entity.agent_id, m.entity.run_id): m.entity
-                         for m in memories}.values())
+    async def _import(self, access: SpaceAccess, memories: list[Imported],
+                      ) -> dict[str, ErrorBody]:
+        """The memories stored in one transaction, each refused alone by a limit (by key);
+        each entity's row written pending first, settled after (as `_remember_about` does)."""
+        def who(entity: Entity) -> tuple[str | None, str | None, str | None]:
+            return entity.user_id, entity.agent_id, entity.run_id
+
+        entities = list({who(m.entity): m.entity for m in memories}.values())
         issued = await asyncio.gather(*(self._spaces.entity(access.space_id, e)
                                         for e in entities))
-        namespaces = {(e.user_id, e.agent_id, e.run_id): i.namespace
-                      for e, i in zip(entities, issued, strict=True)}
+        namespaces = {who(e): i.namespace for e, i in zip(entities, issued, strict=True)}
         writer = _Writer.of(access.workspace_id, access.space_id, access.member_id,
-                            access.retention_days, credential=f"{access.member_id}:import")
+                            access.retention_days)
         writes = []
         for memory in memories:
-            namespace = namespaces[(memory.entity.user_id, memory.entity.agent_id,
-                                    memory.entity.run_id)]
+            namespace = namespaces[who(memory.entity)]
             assert namespace is not None, "the spaces actor issues a namespace"
             writes.append(writer.remember(namespace, memory.key, memory.text, memory.masked,
                                           memory.extras))
 
-        async def settle(stored: bool) -> None:
-            outcomes = await asyncio.gather(*(self._spaces.settle(access.space_id, e,
-                                                                  stored=stored)
-                                              for e in entities), return_exceptions=True)
+        async def settle(stored: set[tuple[str | None, str | None, str | None]]) -> None:
+            outcomes = await asyncio.gather(*(self._spaces.settle(
+                access.space_id, e, stored=who(e) in stored) for e in entities),
+                return_exceptions=True)
             if any(isinstance(o, BaseException) for o in outcomes):  # the rows stay pending
                 log.warning("entities of space %s stay pending", access.space_id)
 
         try:
-            await self._storage.remember_all(StoreRememberAll(items=writes))
+            result = await self._storage.import_memories(StoreImport(items=writes))
         except Exception:
-            await settle(stored=False)
+            await settle(set())
             raise
-        await settle(stored=True)
+        refused = {memories[r.index].key: r.error for r in result.refused}
+        await settle({who(m.entity) for m in memories if m.key not in refused})
+        return refused
 
     # --- the sessions actor's extract_memories ---
 

@@ -36,6 +36,7 @@ ENTITY_FIELDS = ("user_id", "agent_id", "run_id")
 KEPT = ("id", "memory", *ENTITY_FIELDS, "metadata", "categories", "created_at", "updated_at",
         "expiration_date")
 EXPORT_KEYS = ("memories", "results", "data")
+LIMITS = ("AGENT_MEMORY_RATE_LIMITED", "AGENT_MEMORY_FULL")  # refusals that stop an import
 
 
 class SourceError(Exception):
@@ -163,7 +164,9 @@ def stored(config_path: Path) -> tuple[list[dict[str, Any]], int]:
             close()  # a local store's lock
 
 
-def _refused(report: Report, outcomes: Sequence[dict[str, Any]]) -> None:
+def _counted(report: Report, outcomes: Sequence[dict[str, Any]]) -> None:
+    """The outcomes added to the report; one refused by a limit stops the import (what it
+    refused is stored by a later run)."""
     for outcome in outcomes:
         status = outcome.get("status")
         if status == "imported":
@@ -173,6 +176,10 @@ def _refused(report: Report, outcomes: Sequence[dict[str, Any]]) -> None:
         else:
             where = re.sub(r"^memories\.\d+\.", "", str(outcome.get("field") or ""))
             report.refused[(str(outcome.get("code")), where)] += 1
+            if outcome.get("code") in LIMITS and report.stopped is None:
+                retry = outcome.get("retry_after_seconds")
+                report.stopped = str(outcome["code"]) + (
+                    f" (retry after {retry} s)" if retry is not None else "")
 
 
 def _stop_reason(response: httpx.Response) -> str:
@@ -199,8 +206,10 @@ def run(memories: list[dict[str, Any]], client: httpx.Client, space: str, consol
             if response.is_error:
                 report.stopped = _stop_reason(response)
                 break
-            _refused(report, response.json()["results"])
+            _counted(report, response.json()["results"])
             progress.update(task, advance=len(chunk))
+            if report.stopped is not None:
+                break
     return report
 
 

@@ -146,8 +146,8 @@ ROLES: Final[dict[str, Role]] = {
     "space-memories": Role(  # the mem0-compatible API: stateless, like governance
         publish=(*(subjects.spaces_internal(op)
                    for op in ("access", "entity", "settle", "entities", "scope", "llm")),
-                 *(subjects.store(ANY, op)
-                   for op in ("remember", "remember_all", "list", "forget")),
+                 *(subjects.store(ANY, op)  # import: `memgate import mem0`
+                   for op in ("remember", "remember_all", "list", "forget", "import")),
                  subjects.spaces_internal("profiles.*"),  # user profiles (ports.profiles)
                  subjects.recall_internal()),
         subscribe=(subjects.space("memories.>"), subjects.space_memories_internal(">"),

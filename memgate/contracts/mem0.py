@@ -148,6 +148,7 @@ class ImportOutcome(Contract):
     status: Literal["imported", "skipped", "refused"]
     code: str | None = None  # why it was refused
     field: str | None = None
+    retry_after_seconds: int | None = None  # refused by the hourly import budget
 
 
 class ImportResults(Contract):
