@@ -47,7 +47,7 @@ def timed(memories: list[dict[str, Any]], client: httpx.Client, space: str,
 
 
 async def main(size: int, runs: int, batch: int) -> None:
-    async with memgate_up() as running:
+    async with memgate_up(MEMGATE_LIMIT_IMPORTS_PER_HOUR="1000000") as running:
         http = running.http
         created = (await http.post("/api/admin/workspaces", json={"name": "bench"},
                                    headers={"Authorization": f"Bearer {ADMIN}"})).json()
