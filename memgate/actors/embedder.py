@@ -64,16 +64,16 @@ MODEL_THREADS = 1
 # storage per owner and one write of the vectors, so bigger batches catch up faster (well within
 # ack_wait).
 EVENT_BATCH = 128
-# Texts per model call in the background: a waiting recall's versions go first, so it waits for
-# at most one such batch (~16 × 2-5 ms) on the core the background takes; a hop to the model
-# thread costs ~0.1 ms, so smaller batches would not cost the background much either.
-BACKGROUND_BATCH = 16
-# Within a background batch, texts a model run at most between two looks at the ranks: while
-# this embedder answers a rank (a recall waits for it), the background model thread waits, at
-# most `YIELD_MAX_S` a look, so a burst's backlog takes no core from the recalls after it, and
-# drains at full speed whenever no recall comes (docs/DECISIONS.md, "A tail that does not
-# remember the burst").
-YIELD_TEXTS = 4
+# Texts per model call in the background: a waiting recall's versions go first, and those it
+# finds in the background's batch under way wait for that batch (4 texts, on a thread 10 nice
+# levels down: up to 0.3 s on a loaded machine, where 16 took 1.2 s); a hop to the model thread
+# costs ~0.1 ms, so small batches cost the background little (16 vs 128 texts a call: the same
+# throughput, docs/DECISIONS.md).
+BACKGROUND_BATCH = 4
+# While this embedder answers a rank (a recall waits for it), the background model thread waits
+# before its next batch, `YIELD_MAX_S` at most, so a burst's backlog takes no core from the
+# recalls after it and drains at full speed whenever none comes (docs/DECISIONS.md, "A tail
+# that does not remember the burst").
 YIELD_MAX_S = 0.05
 # Texts per model call in the urgent lane: a rank whose wait ends between two batches ranks
 # with those already made, and another owner's rank waits for one batch at most.
@@ -107,7 +107,7 @@ class EmbedderActor(ActorBase):
         self._lanes: Lanes[_Text] = Lanes()
         self._urgent: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()  # the urgent lane's vectors to the file
-        self._ranks = 0  # being answered
+        self._ranks = 0  # being answered, but those waiting for vectors
         self._unranked = threading.Event()  # none is: the background model thread may run
         self._unranked.set()
         # the writer of the vectors (named as the store: on a cluster, what it commits is
@@ -268,13 +268,10 @@ class EmbedderActor(ActorBase):
                 write.add_done_callback(self._writes.discard)
 
     def _yielding(self, texts: list[str]) -> np.ndarray:
-        """On the background model thread: these texts' vectors, `YIELD_TEXTS` a run, each run
-        once no rank is being answered here (or `YIELD_MAX_S` later)."""
-        runs = []
-        for at in range(0, len(texts), YIELD_TEXTS):
-            self._unranked.wait(YIELD_MAX_S)
-            runs.append(self._embedder.embed(texts[at:at + YIELD_TEXTS]))
-        return np.vstack(runs)
+        """On the background model thread: these texts' vectors, once no rank is being
+        answered here (or `YIELD_MAX_S` later)."""
+        self._unranked.wait(YIELD_MAX_S)
+        return self._embedder.embed(texts)
 
     async def _written(self, kept: list[_Kept]) -> None:
         try:
@@ -340,7 +337,12 @@ class EmbedderActor(ActorBase):
             texts = await self._storage.texts(owner, new)
             self._lanes.ask({item.memory_id: (owner, catalog, item) for item in texts}, until)
         if waits := self._lanes.futures(asked, until):
-            await asyncio.wait(waits, timeout=max(until - asyncio.get_running_loop().time(), 0))
+            self._answering(-1)  # some may be in the background's batch: it must not yield
+            try:
+                await asyncio.wait(waits,
+                                   timeout=max(until - asyncio.get_running_loop().time(), 0))
+            finally:
+                self._answering(1)
 
     def _passed(self, catalog: Catalog) -> list[str]:
         """The versions without vectors that no event will bring: every one while no event
@@ -376,14 +378,19 @@ class EmbedderActor(ActorBase):
     async def rank(self, payload: bytes) -> Ranking:
         """The allowed versions that have vectors, by cosine similarity to the query (its
         vector when the caller sends one, else the query embedded here)."""
-        self._ranks += 1
-        self._unranked.clear()
+        self._answering(1)
         try:
             return await self._rank(payload)
         finally:
-            self._ranks -= 1
-            if not self._ranks:
-                self._unranked.set()
+            self._answering(-1)
+
+    def _answering(self, change: int) -> None:
+        """Count the ranks being answered: while any is, the background yields."""
+        self._ranks += change
+        if self._ranks:
+            self._unranked.clear()
+        else:
+            self._unranked.set()
 
     async def _rank(self, payload: bytes) -> Ranking:
         request = parse(RankRequest, payload)

@@ -1,5 +1,5 @@
-"""Under load a batch of events spans many owners: the embedder embeds them together (one hop to
-the model thread, a few texts a model run, one transaction)."""
+"""Under load a batch of events spans many owners: the embedder embeds them together (a few texts
+a hop to the model thread, whatever their owners; one transaction)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memgate.actors import embedder as embedder_module
-from memgate.actors.embedder import YIELD_TEXTS, EmbedderActor
+from memgate.actors.embedder import BACKGROUND_BATCH, EmbedderActor
 from memgate.bus import subjects
 from memgate.contracts.events import MemoryStored
 from memgate.contracts.internal import Owner
@@ -35,7 +35,7 @@ async def test_a_batch_of_events_from_many_owners_is_embedded_together(
             for owner in owners for seq, memory_id in enumerate(texts, start=1)])
         runs = model.calls[before:]
         assert [text for run in runs for text in run] == ["budget review", "team lunch"] * 3
-        assert all(len(run) <= YIELD_TEXTS for run in runs)
+        assert all(len(run) <= BACKGROUND_BATCH for run in runs)
         found, _ = actor.vectors.owner("ws", "member-0")  # ids are unique: the fake's are not
         assert sorted(found) == ["a", "b"]
         await fake.deliver("embedder-p0", [  # redelivered: every catalog has its vectors
