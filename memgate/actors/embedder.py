@@ -333,9 +333,13 @@ class EmbedderActor(ActorBase):
         if self._passed(catalog):  # what no event will bring, beyond this rank's wait
             self._embed_backlog(owner)
         asked = missing[:URGENT_MAX]
-        if new := self._lanes.unheld(asked):
-            texts = await self._storage.texts(owner, new)
-            self._lanes.ask({item.memory_id: (owner, catalog, item) for item in texts}, until)
+        if new := self._lanes.reserve(asked):  # the other ranks await them, their texts read once
+            try:
+                texts = await self._storage.texts(owner, new)
+                self._lanes.ask({item.memory_id: (owner, catalog, item) for item in texts},
+                                until)
+            finally:
+                self._lanes.release(new)  # those not asked for (deleted, or a failed read)
         if waits := self._lanes.futures(asked, until):
             self._answering(-1)  # some may be in the background's batch: it must not yield
             try:

@@ -1,8 +1,9 @@
 """Two lanes to the document model: the versions a waiting recall needs first, the background's
 after them (read-your-writes at any backlog, SPEC §3.5).
 
-A rank asks for the versions its filters allow that have no vector yet (`ask`, with what the
-model needs of those no lane holds yet: `unheld`), and awaits their futures (`futures`), each
+A rank asks for the versions its filters allow that have no vector yet (`reserve`s those no
+lane holds, reads their texts once, and `ask`s the urgent lane for them), and awaits their
+futures (`futures`), each
 done once its version is embedded (or given up); any number of ranks may await one. The urgent
 lane takes them first asked, first embedded (`next_batch`), in small batches so that a rank's
 deadline can pass between two; a version whose last waiter's deadline has passed is dropped from
@@ -45,21 +46,28 @@ class Lanes(Generic[T]):
         self._quiet = asyncio.Event()  # none waits or is being embedded there
         self._quiet.set()
 
-    def unheld(self, memory_ids: list[str]) -> list[str]:
-        """Those of these versions that no lane holds (to `ask` for)."""
-        return [memory_id for memory_id in memory_ids if memory_id not in self._held]
+    def reserve(self, memory_ids: list[str]) -> list[str]:
+        """Those of these versions that no lane holds, held from now on (what the urgent lane
+        needs of them on its way: `ask` for them, and `release` any left)."""
+        loop = asyncio.get_running_loop()
+        reserved = [memory_id for memory_id in memory_ids if memory_id not in self._held]
+        for memory_id in reserved:
+            self._held[memory_id] = loop.create_future()
+        return reserved
 
     def ask(self, wanted: dict[str, T], until: float) -> None:
-        """These versions wait in the urgent lane from now on, those no lane holds yet."""
-        loop = asyncio.get_running_loop()
+        """These reserved versions wait in the urgent lane from now on."""
         for memory_id, of in wanted.items():
-            if memory_id not in self._held:
-                self._held[memory_id] = loop.create_future()
+            if memory_id in self._held and memory_id not in self._waiting:
                 self._waiting[memory_id] = Wanted(memory_id, of, until)
                 self._order.append(memory_id)
         if self._waiting:
             self._asked.set()
             self._quiet.clear()
+
+    def release(self, memory_ids: list[str]) -> None:
+        """These reserved versions are not asked for after all (their waiters look again)."""
+        self._release([memory_id for memory_id in memory_ids if memory_id not in self._waiting])
 
     def futures(self, memory_ids: list[str], until: float) -> list[asyncio.Future[None]]:
         """The futures of these versions that a lane holds, each done once the version is
