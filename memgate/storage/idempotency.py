@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
 KEPT = timedelta(hours=24)
 SWEEP_EVERY = timedelta(minutes=1)
 
-INSERT = ("INSERT INTO idempotency", "(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+INSERT = ("INSERT INTO idempotency", "(?, ?, ?, ?, ?, ?, ?, ?, ?)",  # for `inserts.insert`
           "SELECT unnest(?), unnest(?), unnest(?), unnest(?), unnest(?::BIGINT[]), "
           "unnest(?::TIMESTAMP[]), unnest(?::INTEGER[]), unnest(?), unnest(?::TIMESTAMP[])")
 

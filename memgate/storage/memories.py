@@ -8,13 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import duckdb
 
 from memgate.contracts.internal import SPACE_OWNER_PREFIX
 from memgate.storage import compaction, idempotency, outbox
 from memgate.storage.idempotency import Scoped
+from memgate.storage.inserts import MEMORIES, OUTBOX, REMEMBER_LOG, Inserted, insert
 from memgate.storage.memory_rows import (
     Filters, LimitReachedError, Limits, Remember, Stored, StoredEvent, key_of, naive, stored_json,
 )
@@ -71,23 +72,6 @@ class _Written:
     superseded: list[tuple[str, datetime]]  # (id, instant) of the earlier versions superseded
 
 
-# INSERTs of a group's rows: (into, one row's placeholders, unnested columns' placeholders).
-_MEMORIES = (
-    "INSERT INTO memories (memory_id, seq, tenant, subject_id, credential_id, namespace, key, "
-    "collection_id, text, classification, derived_from, created_at, superseded_at, expires_at, "
-    "legal_hold, citations, member_id, extras)",
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'personal', ?, ?, ?, ?, false, ?, ?, ?)",
-    "SELECT unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), unnest(?), "
-    "unnest(?), unnest(?), 'personal', unnest(?::VARCHAR[][]), unnest(?::TIMESTAMP[]), "
-    "unnest(?::TIMESTAMP[]), unnest(?::TIMESTAMP[]), false, unnest(?), unnest(?), "
-    "unnest(?::VARCHAR[])")
-_REMEMBER_LOG = ("INSERT INTO remember_log", "(?, ?)",
-                 "SELECT unnest(?), unnest(?::TIMESTAMP[])")
-_OUTBOX = ("INSERT INTO outbox", "(?, ?, ?)",
-           "SELECT unnest(?::BIGINT[]), unnest(?), unnest(?::BLOB[])")
-# Up to this many rows are bound row by row, more as lists unnested: DuckDB binds a few rows'
-# placeholders faster (one remember's transaction: 3.7 -> 2.5 ms CPU), and lists of many.
-_ROWS_BOUND = 3
 # The unsent events: the outbox's (deletions), and the versions' above the relayed mark.
 _UNSENT = (
     "SELECT seq, subject, payload, NULL, NULL, NULL FROM outbox WHERE seq > ? "
@@ -95,47 +79,11 @@ _UNSENT = (
     "WHERE seq > greatest(?, (SELECT max(up_to) FROM relayed)) ORDER BY seq LIMIT ?")
 
 
-class _Inserted(NamedTuple):
-    """A row of `_MEMORIES`, its values in the statement's column order."""
-
-    memory_id: str
-    seq: int
-    tenant: str
-    subject_id: str
-    credential_id: str | None
-    namespace: str | None
-    key: str | None
-    collection_id: str | None
-    text: str
-    derived_from: list[str]
-    created_at: datetime
-    superseded_at: datetime | None
-    expires_at: datetime | None
-    citations: str  # JSON
-    member_id: str | None
-    extras: str | None  # JSON
-
-    def version(self) -> Version:
-        return Version(self.memory_id, self.seq, self.tenant, self.subject_id,
-                       self.namespace or "", self.key, self.collection_id, self.text,  # NOT NULL
-                       self.created_at, self.superseded_at, self.citations, self.extras)
-
-
 def _scoped(item: Remember) -> Scoped | None:
     """Where an item's idempotency key applies: its workspace and writing member."""
     if item.idempotency is None:
         return None
     return Scoped(item.filters.tenant, item.writer, item.idempotency)
-
-
-def _insert(db: duckdb.DuckDBPyConnection, statement: tuple[str, str, str],
-            rows: Sequence[tuple[Any, ...]]) -> None:
-    into, row, unnested = statement
-    if len(rows) <= _ROWS_BOUND:
-        db.execute(f"{into} VALUES {', '.join([row] * len(rows))}",
-                   [value for r in rows for value in r])
-    else:
-        db.execute(f"{into} {unnested}", [list(column) for column in zip(*rows, strict=True)])
 
 
 class MemoryStore(MemoryReads, compaction.Rewritable):
@@ -343,7 +291,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                     superseding[position] = 1
                 newest[key] = position
         rows = [
-            _Inserted(item.memory_id, first + position, item.filters.tenant,
+            Inserted(item.memory_id, first + position, item.filters.tenant,
                       item.filters.subject_id, item.counted_as, item.filters.namespace,
                       item.filters.key, item.filters.collection_id, item.text,
                       [*(c["passageId"] for c in item.citations), *item.derived_from],
@@ -353,16 +301,16 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         if newest or claimed:  # the UPDATE, the INSERT and the records commit together
             with transaction(db):
                 superseded = self._supersede(accepted, newest, superseding)
-                _insert(db, _MEMORIES, rows)
+                insert(db, MEMORIES, rows)
                 if claimed:
-                    _insert(db, idempotency.INSERT, [
+                    insert(db, idempotency.INSERT, [
                         (*scoped, rows[position].memory_id, rows[position].seq,
                          rows[position].created_at, superseding[position],
                          accepted[position][1].masked, now)
                         for scoped, position in claimed.items()])
         else:
             superseded = []
-            _insert(db, _MEMORIES, rows)  # one statement: its own transaction
+            insert(db, MEMORIES, rows)  # one statement: its own transaction
         for position, (index, item, created) in enumerate(accepted):
             outcomes[index] = Stored(memory_id=item.memory_id, seq=first + position,
                                      created_at=created.replace(tzinfo=UTC),
@@ -471,7 +419,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             rows = [(tenant, owner, deleted) for tenant, owner, deleted, *_ in deleted_rows]
             if counted := [(credential, created) for *_, credential, created, _ in deleted_rows
                            if created > hour_ago]:  # the rate limit still counts them
-                _insert(db, _REMEMBER_LOG, counted)
+                insert(db, REMEMBER_LOG, counted)
             by_owner: dict[tuple[str, str], list[str]] = {}
             for tenant, owner, deleted in rows:
                 by_owner.setdefault((tenant, owner), []).append(deleted)
@@ -482,7 +430,7 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                 payload = event(tenant, owner, ids)
                 events.append((high, event_subject, payload))
             if events:  # the versions deleted may have carried the highest seq: persist it
-                _insert(db, _OUTBOX, events)
+                insert(db, OUTBOX, events)
                 outbox.mark(db, high)
             if rows:
                 compaction.mark(db)
