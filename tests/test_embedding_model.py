@@ -35,7 +35,10 @@ def test_int8_compute_gives_nearly_the_float_vectors(int8_file: Path) -> None:
     assert int8.shape == floats.shape == (len(TEXTS), 384)
     assert np.allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
     agreement = (int8 * floats).sum(axis=1)
-    assert agreement.min() > 0.97, agreement
+    # onnxruntime's int8 kernels differ by CPU: on an AVX2-only AMD EPYC the one-word "ok"
+    # agrees 0.968, the sentences 0.976-0.993
+    assert agreement.min() > 0.96, agreement
+    assert agreement.mean() > 0.98, agreement
     # every text stays nearest to its own float vector
     assert ((int8 @ floats.T).argmax(axis=1) == np.arange(len(TEXTS))).all()
 
