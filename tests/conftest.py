@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from bench.harness import free_port
 from memgate.adapters.rest import create_app
 from memgate.app.settings import Settings
 from memgate.app.system import Bus, actor_names, start_system
+from memgate.cluster import fence
 from tests.agents import Agent, BusAgent, RestAgent
 
 LOG_TAIL = 120  # lines of each node's log shown under a failed test
@@ -46,6 +47,16 @@ HTTP_START_TIMEOUT_S = 10.0
 LLM_PORT = free_port()
 LLM_ORIGINS = [f"http://127.0.0.1:{LLM_PORT}", "http://127.0.0.1:9", "http://127.0.0.1:9999"]
 
+
+
+@pytest.fixture(autouse=True)
+def no_lease_outlives_its_test() -> Iterator[None]:
+    """A memgate run in this process whose stop was cut short (a teardown past the timeout)
+    leaves its leases in `cluster.fence`, and every later commit of the process would be refused
+    as the lost lease's (LeaseLostError): they go with their test."""
+    yield
+    for lease in fence.held():
+        fence.drop(lease)
 
 @dataclass
 class Member:

@@ -17,6 +17,10 @@ def drop(lease: PartitionLease) -> None:
     _held.discard(lease)
 
 
+def held() -> tuple[PartitionLease, ...]:
+    return tuple(_held)
+
+
 def node() -> str | None:
     """The node this process serves its leases as (None without a lease): what erasure evidence
     names."""
@@ -29,4 +33,4 @@ def check() -> None:
         lease.check()
 
 
-__all__ = ["check", "drop", "hold", "node"]
+__all__ = ["check", "drop", "hold", "held", "node"]
