@@ -149,14 +149,16 @@ def test_masking_n_characters_takes_time_linear_in_n(prefix: str, unit: str) -> 
     assert large < 12 * max(small, 0.002), (prefix, unit, small, large)
 
 
-def test_a_megabyte_of_adversarial_text_masks_in_under_a_second() -> None:
+def test_a_megabyte_of_adversarial_text_masks_in_under_two_seconds() -> None:
+    """Linear, not quadratic (which takes minutes): the costliest unit, `x@y.zz `, takes
+    1.26 s of CPU on an AVX2-only AMD EPYC beside a test run, well under a second elsewhere."""
     for prefix, unit in [("", "a"), ("", "1"), ("account", " "), ("a@", "b"), ("", "1-"),
                          ("", "a@"), ("", "+12 "), ("", "account no. 12345678"),
                          ("", "x@y.zz "), ("", "4111 1111 1111 1111 ")]:
         text = _adversarial(prefix, unit, 1_000_000)
         start = time.process_time()
         mask(text)
-        assert time.process_time() - start < 1.0, (prefix, unit)
+        assert time.process_time() - start < 2.0, (prefix, unit)
 
 
 def test_a_chain_of_adjacent_account_numbers_is_masked_whole() -> None:
