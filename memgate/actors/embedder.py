@@ -137,6 +137,7 @@ class EmbedderActor(ActorBase):
         await self._events.start()
 
     async def stop(self) -> None:
+        self._lanes.close()  # the events' handler may wait for the urgent lane to be quiet
         await self._events.stop()
         await cancelled(self._urgent, *self._backlogs.values())
         await asyncio.gather(*self._writes)

@@ -45,6 +45,7 @@ class Lanes(Generic[T]):
         self._asked = asyncio.Event()  # some version waits in the urgent lane
         self._quiet = asyncio.Event()  # none waits or is being embedded there
         self._quiet.set()
+        self._closed = False  # `close`: nothing waits on the urgent lane from then on
 
     def reserve(self, memory_ids: list[str]) -> list[str]:
         """Those of these versions that no lane holds, held from now on (what the urgent lane
@@ -57,6 +58,9 @@ class Lanes(Generic[T]):
 
     def ask(self, wanted: dict[str, T], until: float) -> None:
         """These reserved versions wait in the urgent lane from now on."""
+        if self._closed:
+            self._release(list(wanted))
+            return
         for memory_id, of in wanted.items():
             if memory_id in self._held and memory_id not in self._waiting:
                 self._waiting[memory_id] = Wanted(memory_id, of, until)
@@ -134,6 +138,16 @@ class Lanes(Generic[T]):
         """Return once no version waits in the urgent lane or is being embedded there."""
         await self._quiet.wait()
 
+    def close(self) -> None:
+        """At stop: nothing waits on the urgent lane any more (its waiters look again and find
+        their versions lacking), so a background batch waiting for it to be quiet goes on."""
+        self._release([*self._waiting, *self._held])
+        self._waiting.clear()
+        self._order.clear()
+        self._urgent = 0
+        self._closed = True
+        self._quiet.set()
+
     def _release(self, memory_ids: list[str]) -> None:
         for memory_id in memory_ids:
             future = self._held.pop(memory_id, None)
@@ -142,7 +156,7 @@ class Lanes(Generic[T]):
         self._settle()
 
     def _settle(self) -> None:
-        if not self._waiting and not self._urgent:
+        if self._closed or (not self._waiting and self._urgent <= 0):
             self._quiet.set()
 
 
