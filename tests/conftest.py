@@ -173,10 +173,29 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
     return Memgate(bus, client, settings, stack)
 
 
+STOP_REPORT_AFTER_S = 30.0  # a stop still running then prints every task's stack
+
+
 @pytest.fixture
 async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
-    async with AsyncExitStack() as stack:
+    stack = AsyncExitStack()
+    try:
         yield await run_memgate(tmp_path, stack)
+    finally:
+        report = asyncio.get_running_loop().call_later(STOP_REPORT_AFTER_S, print_tasks)
+        try:
+            await stack.aclose()
+        finally:
+            report.cancel()
+
+
+def print_tasks() -> None:
+    """Where every task of the loop waits: what a stop that hangs is waiting for (the thread
+    dump pytest-timeout prints shows only the idle loop)."""
+    print(f"--- a memgate stop still running after {STOP_REPORT_AFTER_S:.0f} s; its tasks:",
+          file=sys.__stderr__)
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=sys.__stderr__)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 15.0) -> None:
