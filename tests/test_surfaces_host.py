@@ -122,7 +122,9 @@ async def test_a_supervisor_killed_outright_takes_its_processes_along_and_the_ne
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     nats_port, http_port = free_port(), free_port()
+    started = time.monotonic()
     async with memgate_up(data, nats_port=nats_port, http_port=http_port) as first:
+        first_start = time.monotonic() - started  # this machine's start, at its present load
         left = descendants(first.process.pid)
         assert any("nats-server" in cmdline for cmdline in left.values())
         assert sum("memgate.app.process" in cmdline for cmdline in left.values()) == 3
@@ -137,9 +139,14 @@ async def test_a_supervisor_killed_outright_takes_its_processes_along_and_the_ne
         gone_after = time.monotonic() - killed
 
     # the same ports and directory, no manual step
+    restarted = time.monotonic()
     async with memgate_up(data, nats_port=nats_port, http_port=http_port) as second:
         healthy_after = time.monotonic() - killed
-        assert healthy_after < 10, f"healthy {healthy_after:.1f} s after the kill"
+        # nothing the kill left behind is waited out (a lease, a lock, a port): the next up
+        # starts about as fast as the first did (the bound a ratio: CI machines are loaded)
+        second_start = time.monotonic() - restarted
+        assert second_start < 2 * first_start + 3, \
+            f"the next up took {second_start:.1f} s, the first {first_start:.1f} s"
         assert nats_servers_on(data) == [next(pid for pid, cmdline in
                                               descendants(second.process.pid).items()
                                               if "nats-server" in cmdline)]

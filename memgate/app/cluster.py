@@ -85,7 +85,6 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
                     subjects.replica(f"{name}.drain"), Drain(step_down=step_down), Drained)
             except MemgateError as refused:
                 say(f"  {name}: refused: {refused}")
-                left.append(name)
                 return None
 
         # first every home moves (nothing restarts yet), then each owner steps down: a process
@@ -98,11 +97,12 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
             started = time.monotonic()
             if (answer := await ask(name, step_down=False)) is not None:
                 moving[name] = started, answer
+            else:
+                left.append(name)
         for name, (started, answer) in moving.items():
             now = await holder(leases, name)
-            if now is not None and now.node == node and \
-                    await ask(name, step_down=True) is None:
-                continue
+            if now is not None and now.node == node:  # refused: it may be stepping down
+                await ask(name, step_down=True)  # by itself (`Primary.follow`): wait and see
             while (now := await holder(leases, name)) is None or now.node == node:
                 if time.monotonic() - started > timeout_s:
                     break

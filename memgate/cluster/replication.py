@@ -459,6 +459,7 @@ class Primary:
         self._followers: dict[str, _Follower] = {}
         self._in_sync: set[str] = set()
         self._recorded: set[str] | None = None  # what the record says (None: not yet written)
+        self._draining = asyncio.Lock()  # an operator's drain and `follow`'s, one at a time
 
     @property
     def epoch(self) -> int:
@@ -671,13 +672,15 @@ class Primary:
         store over once the lease is gone. A drain moves every home of a node first and steps
         down after, so a process restarted by one step-down claims none of the others."""
         request = Drain.model_validate_json(payload or b"{}")
-        entry = await self._homes.get(self.name)
-        home = dict(json.loads(entry.value or b"{}"))
-        if home.get("node") in (None, self._lease.node):
-            node, home = await self._successor(request.to)
-            self._lease.check()
-            await self._homes.update(self.name, json.dumps(home).encode(), last=entry.revision)
-            log.info("draining %s to %s", self.name, node)
+        async with self._draining:  # the second finds the home moved by the first
+            entry = await self._homes.get(self.name)
+            home = dict(json.loads(entry.value or b"{}"))
+            if home.get("node") in (None, self._lease.node):
+                node, home = await self._successor(request.to)
+                self._lease.check()
+                await self._homes.update(self.name, json.dumps(home).encode(),
+                                         last=entry.revision)
+                log.info("draining %s to %s", self.name, node)
         if request.step_down:
             asyncio.get_running_loop().call_soon(  # after the answer has gone
                 lambda: asyncio.ensure_future(self._lease.step_down()))
