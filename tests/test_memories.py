@@ -170,6 +170,45 @@ async def test_forget_by_key_deletes_every_version_and_by_id_one(
     await agent.close()
 
 
+async def test_a_forget_retried_under_its_idempotency_key_gets_its_first_answer(
+        memgate: Memgate, transport: str) -> None:
+    """A forget whose answer was lost (a timeout) and is sent again gets what it answered,
+    not a 404 for the memory it deleted; another key, or another member's same key, is a
+    forget of its own (SPEC §6, "Idempotency keys")."""
+    owner = await memgate.workspace()
+    other = await memgate.member(owner)
+    agent = await memgate.agent(transport, await memgate.credential(owner))
+    others = await memgate.agent(transport, await memgate.credential(other))
+    await agent.remember("prefs", "v1", key="k")
+    await agent.remember("prefs", "v2", key="k")
+    theirs = await others.remember("prefs", "theirs", key="k")
+    first = await agent.forget(namespace="prefs", key="k", idempotency_key="forget-1")
+    again = await agent.forget(namespace="prefs", key="k", idempotency_key="forget-1")
+    assert first.deleted == again.deleted == 2
+    with pytest.raises(NotFoundError):
+        await agent.forget(namespace="prefs", key="k", idempotency_key="forget-2")
+    assert (await others.forget(namespace="prefs", key="k",
+                                idempotency_key="forget-1")).deleted == 1
+    with pytest.raises(NotFoundError):
+        await others.forget(memory_id=theirs.memory_id)
+    for each in (agent, others):
+        await each.close()
+
+
+async def test_the_idempotency_key_header_of_a_rest_forget(memgate: Memgate) -> None:
+    owner = await memgate.workspace()
+    agent = await memgate.agent("rest", await memgate.credential(owner))
+    stored = await agent.remember("n", "forgotten once")
+    headers = {"Authorization": f"Bearer {await memgate.credential(owner)}",
+               "Idempotency-Key": "header-key"}
+    body = {"memoryId": stored.memory_id}
+    answers = [await memgate.http.post("/api/agent/v1/memories/forget", json=body,
+                                       headers=headers) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json() == answers[1].json() == {"deleted": 1}
+    await agent.close()
+
+
 async def test_someone_elses_memory_is_invisible_and_cannot_be_forgotten(
     memgate: Memgate, transport: str
 ) -> None:

@@ -288,10 +288,12 @@ class GovernanceActor(ActorBase):
         envelope = parse(Envelope, payload)
         principal = await self._principal(envelope, Scope.WRITE)
         request = parse(ForgetRequest, envelope.body)
+        key = request.idempotency_key
         return await self._storage.forget(StoreForget(
             owner=self._owner(principal), memory_id=request.memory_id,
             namespace=request.namespace, key=request.key,
-            collection_ids=await self._scope(principal, None)))
+            collection_ids=await self._scope(principal, None),
+            member_id=principal.member_id, idempotency=None if key is None else digest(key)))
 
     async def recall(self, payload: bytes) -> RecallResult:
         with tracing.span("governance"):

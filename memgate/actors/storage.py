@@ -53,6 +53,7 @@ from memgate.storage import (
     encode_cursor,
 )
 from memgate.storage.memory_rows import CatalogRow, naive
+from memgate.storage.idempotency import Scoped
 
 log = logging.getLogger("memgate.storage")
 C = TypeVar("C")
@@ -376,15 +377,23 @@ class StorageActor(ActorBase):
 
     async def forget(self, payload: bytes) -> ForgetResult:
         command = parse(StoreForget, payload)
-        deleted = await self._serial(lambda: self._delete(
-            command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
-            namespace=command.namespace, key=command.key,
-            collection_ids=None if command.collection_ids is None
-            else tuple(command.collection_ids), namespaces=command.namespaces,
-            keys=command.keys))
+        answered = None if command.idempotency is None or command.member_id is None else \
+            Scoped(command.owner.tenant, command.member_id, command.idempotency)
+
+        def forget() -> int:  # on the writer's thread: the record read and written in order
+            if answered is not None and (first := self.store.forgotten(answered)) is not None:
+                return first
+            return len(self._delete(
+                command.owner.tenant, command.owner.subject_id, memory_id=command.memory_id,
+                namespace=command.namespace, key=command.key,
+                collection_ids=None if command.collection_ids is None
+                else tuple(command.collection_ids), namespaces=command.namespaces,
+                keys=command.keys, answered=answered))
+
+        deleted = await self._serial(forget)
         if not deleted:
             raise NotFoundError("no such memory")
-        return ForgetResult(deleted=len(deleted))
+        return ForgetResult(deleted=deleted)
 
     async def on_registry_events(self, payloads: list[bytes]) -> None:
         """Deleting a cited document, or its collection, deletes the memories (SPEC §3.3)."""

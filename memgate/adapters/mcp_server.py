@@ -154,9 +154,11 @@ class MemoryTools:
 
     async def _sent(self, tool: MemoryTool, body: Contract, token: str | None) -> Contract:
         """Sent again after a 503 or a timeout (`retries`), where that cannot write twice: a
-        read, or a remember under one idempotency key (made when the call gave none)."""
-        retried = self._retries if tool.subject != subjects.FORGET else ()
-        if retried and isinstance(body, RememberRequest) and body.idempotency_key is None:
+        read, or a remember or forget under one idempotency key (made when the call gave
+        none)."""
+        retried = self._retries
+        if retried and isinstance(body, RememberRequest | ForgetRequest) \
+                and body.idempotency_key is None:
             body = body.model_copy(update={"idempotency_key": uuid.uuid4().hex})
         for wait_s in retried:
             try:

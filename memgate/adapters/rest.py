@@ -199,7 +199,10 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
 
     @app.post("/api/agent/v1/memories/forget", tags=["memories"], responses=responses(*COMMON))
     @command(subjects.FORGET, ForgetResult)
-    async def forget(body: ForgetRequest, token: Token) -> ForgetResult:
+    async def forget(body: ForgetRequest, token: Token,
+                     idempotency_key: IdempotencyKey = None) -> ForgetResult:
+        if idempotency_key is not None:
+            body = body.model_copy(update={"idempotency_key": idempotency_key})
         return await call(subjects.FORGET, ForgetResult, token, body)
 
     # Last: a request is matched against the routes in order, and an included router is

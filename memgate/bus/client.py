@@ -289,9 +289,13 @@ class MemgateClient:
         return await self._retried(subjects.LIST, body, ListResult)
 
     async def forget(self, *, memory_id: str | None = None, namespace: str | None = None,
-                     key: str | None = None) -> ForgetResult:
-        body = _build(ForgetRequest, memory_id=memory_id, namespace=namespace, key=key)
-        return await self._bus.command(subjects.FORGET, self._token, body, ForgetResult)
+                     key: str | None = None, idempotency_key: str | None = None
+                     ) -> ForgetResult:
+        """Sent again like a remember (`RETRIES`, one `idempotency_key`): a retry of a forget
+        that was done gets its first answer, not a 404."""
+        body = _build(ForgetRequest, memory_id=memory_id, namespace=namespace, key=key,
+                      idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return await self._retried(subjects.FORGET, body, ForgetResult)
 
     async def close(self) -> None:
         await self._nc.drain()

@@ -89,6 +89,8 @@ class StoreForget(Contract):
     collection_ids: list[str] | None = None  # a bound credential's context set
     namespaces: list[str] | None = None  # any of these (a mem0 filter's entities)
     keys: list[str] | None = Field(default=None, max_length=1000)  # any of these (mem0 ids)
+    member_id: str | None = None  # whose idempotency key (with `idempotency`)
+    idempotency: str | None = None  # the SHA-256 of the caller's idempotency key
 
 
 class StorePurge(Contract):

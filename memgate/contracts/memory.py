@@ -68,6 +68,9 @@ class ForgetRequest(Contract):
     memory_id: str | None = Field(default=None, min_length=1, max_length=64)
     namespace: str | None = Field(default=None, min_length=1, max_length=64)
     key: str | None = Field(default=None, min_length=1, max_length=120)
+    # A retry with the same key gets the first answer (not 404: it deleted what it found)
+    idempotency_key: str | None = Field(default=None, min_length=1,
+                                        max_length=IDEMPOTENCY_KEY_MAX)
 
     @model_validator(mode="after")
     def _one_target(self) -> ForgetRequest:

@@ -31,6 +31,17 @@ CREATE TABLE IF NOT EXISTS idempotency (
 );
 """
 
+# A forget's first answer (how many versions it deleted), kept like a remember's.
+DELETES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotent_deletes (
+    tenant      VARCHAR   NOT NULL,
+    member_id   VARCHAR   NOT NULL,
+    key_hash    VARCHAR   NOT NULL,
+    deleted     INTEGER   NOT NULL,
+    answered_at TIMESTAMP NOT NULL
+);
+"""
+
 KEPT = timedelta(hours=24)
 SWEEP_EVERY = timedelta(minutes=1)
 
@@ -66,16 +77,37 @@ class Records:
 
     def __init__(self, db: duckdb.DuckDBPyConnection) -> None:
         db.execute(SCHEMA)
+        db.execute(DELETES_SCHEMA)
         self._swept = datetime.min
+
+    def _sweep(self, db: duckdb.DuckDBPyConnection, now: datetime) -> None:
+        """Records past `KEPT` deleted, at most once a `SWEEP_EVERY`."""
+        if now - self._swept > SWEEP_EVERY:
+            for table in ("idempotency", "idempotent_deletes"):
+                db.execute(f"DELETE FROM {table} WHERE answered_at <= ?", [now - KEPT])
+            self._swept = now
+
+    def deleted(self, db: duckdb.DuckDBPyConnection, key: Scoped, now: datetime) -> int | None:
+        """How many versions the forget first answered under this key deleted (None: no
+        forget was answered under it)."""
+        self._sweep(db, now)
+        row = db.execute("SELECT deleted FROM idempotent_deletes WHERE tenant = ? AND "
+                         "member_id = ? AND key_hash = ? AND answered_at > ?",
+                         [*key, now - KEPT]).fetchone()
+        return None if row is None else int(row[0])
+
+    @staticmethod
+    def record_deleted(db: duckdb.DuckDBPyConnection, key: Scoped, deleted: int,
+                       now: datetime) -> None:
+        """In the forget's transaction: its answer under `key`."""
+        db.execute("INSERT INTO idempotent_deletes VALUES (?, ?, ?, ?, ?)",
+                   [*key, deleted, now])
 
     def answered(self, db: duckdb.DuckDBPyConnection, keys: set[Scoped],
                  now: datetime) -> dict[Scoped, Answer]:
-        """The first answers kept under these keys (`now`: naive UTC); records past `KEPT`
-        are deleted first, at most once a `SWEEP_EVERY`."""
+        """The first answers kept under these keys (`now`: naive UTC)."""
         since = now - KEPT
-        if now - self._swept > SWEEP_EVERY:
-            db.execute("DELETE FROM idempotency WHERE answered_at <= ?", [since])
-            self._swept = now
+        self._sweep(db, now)
         if not keys:
             return {}
         hashes = sorted({k.key_hash for k in keys})

@@ -360,9 +360,11 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                collection_ids: tuple[str, ...] | None = None,
                namespaces: list[str] | None = None, keys: list[str] | None = None,
                cited_documents: list[str] | None = None, not_owner_prefix: str | None = None,
+               answered: Scoped | None = None,
                event_subject: str, event: Callable[[str, list[str]], bytes]) -> list[str]:
         """Hard-delete the versions that match every given condition (none: the whole tenant),
-        except those on legal hold; one event per owner, in the same transaction."""
+        except those on legal hold; one event per owner, in the same transaction, and the
+        answer under the caller's idempotency key if it gave one (`answered`, `forgotten`)."""
         clauses = ["tenant = ?", "legal_hold = false"]
         params: list[Any] = [tenant]
         if not_owner_prefix is not None:
@@ -382,7 +384,12 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             clauses.append("list_has_any(json_extract_string(citations, '$[*].documentId'), ?)")
             params.append(cited_documents)
         return self._purge(" AND ".join(clauses), params, event_subject,
-                           lambda _, owner, ids: event(owner, ids))
+                           lambda _, owner, ids: event(owner, ids), answered)
+
+    def forgotten(self, key: Scoped) -> int | None:
+        """How many versions the forget first answered under this key deleted (None: none
+        was answered under it)."""
+        return self._records.deleted(self._db, key, datetime.now(UTC).replace(tzinfo=None))
 
     def reap(self, now: datetime, cutoffs: dict[str, datetime], *, event_subject: str,
              event: Callable[[str, str, list[str]], bytes]) -> list[str]:
@@ -397,7 +404,8 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
             [naive(now), tenants, [naive(cutoffs[t]) for t in tenants]], event_subject, event)
 
     def _purge(self, where: str, params: list[Any], event_subject: str,
-               event: Callable[[str, str, list[str]], bytes]) -> list[str]:
+               event: Callable[[str, str, list[str]], bytes],
+               answered: Scoped | None = None) -> list[str]:
         """Delete the versions `where` selects, then, in the same transaction, every version
         derived from a deleted one (`derived_from`, in its tenant, to the end of the chain;
         legal holds kept); one event per owner; the file marked for compaction."""
@@ -434,6 +442,9 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
                 outbox.mark(db, high)
             if rows:
                 compaction.mark(db)
+                if answered is not None:
+                    self._records.record_deleted(db, answered, len(rows),
+                                                 datetime.now(UTC).replace(tzinfo=None))
         self._high = high
         self._mirror.deleted(rows)
         self._unsent.committed(events)
