@@ -175,6 +175,32 @@ async def test_events_get_sequence_ids_from_0_singly_and_in_batches(memgate: Mem
     assert listed["events"][1]["body"] == {"content": "Looking at it now."}
 
 
+async def test_an_append_sent_again_under_its_idempotency_key_appends_nothing(
+        memgate: Memgate) -> None:
+    """A chat turn posted again after a lost answer (same `Idempotency-Key`) gets the events
+    the first post stored and appends no second copy; another key appends."""
+    space = await new_space(memgate)
+    session = await new_session(memgate, space)
+    path = f"{space.sessions}/{session['id']}/events"
+    once = {"Idempotency-Key": "turn-1"}
+    first = await ok(memgate, "POST", path, space.owner.token, event("hello"), once)
+    again = await ok(memgate, "POST", path, space.owner.token, event("hello"), once)
+    batch = {"events": [event("a", "agent"), event("b", "agent")]}
+    twice = {"Idempotency-Key": "turn-2"}
+    batched = await ok(memgate, "POST", path, space.owner.token, batch, twice)
+    batched_again = await ok(memgate, "POST", path, space.owner.token, batch, twice)
+    other = await ok(memgate, "POST", path, space.owner.token, event("hello"),
+                     {"Idempotency-Key": "turn-3"})
+    assert again == first and first["sequenceId"] == 0
+    assert batched_again == batched
+    assert [e["sequenceId"] for e in batched["events"]] == [1, 2]
+    assert other["sequenceId"] == 3
+    listed = await ok(memgate, "GET", f"{path}?lastN=20", space.owner.token)
+    assert [e["sequenceId"] for e in listed["events"]] == [0, 1, 2, 3]
+    refused(await call(memgate, "POST", path, space.owner.token, event("x"),
+                       {"Idempotency-Key": "k" * 256}), 400, "VALIDATION_ERROR")
+
+
 async def test_last_n_returns_the_newest_n_oldest_first(memgate: Memgate) -> None:
     space = await new_space(memgate)
     session = await new_session(memgate, space)

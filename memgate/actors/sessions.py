@@ -57,6 +57,7 @@ from memgate.ports.services import BusExtraction
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.quotas import EVENTS, SESSIONS, Quota
+from memgate.storage.idempotency import digest
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
 from memgate.tasks import cancelled
 
@@ -288,14 +289,20 @@ class SessionsActor(ActorBase):
             events = [parse(EventIn, envelope.body)]
         new = await asyncio.to_thread(_masked_events, events, batch)  # CPU: off the loop
         session_id = envelope.params.get("sessionId", "")
+        key = envelope.params.get("idempotencyKey")
+        key_hash = None if key is None else digest(key)
         now = self._clock()
 
         def apply() -> list[EventRow]:
             row = self._visible(access, session_id)
+            if key_hash is not None and (first := self.store.appended(
+                    session_id, access.member_id, key_hash, now)) is not None:
+                return first  # a retry: its first answer, nothing written
             at = max(now, row.last_event_at or now)  # last_event_at never moves back
             expires = lifecycle.hidden_at(_strategies(row), created_at=row.created_at,
                                           last_event_at=at)
-            return self.store.append(row, new, at, expires, member_id=access.member_id)[1]
+            return self.store.append(row, new, at, expires, member_id=access.member_id,
+                                     key_hash=key_hash)[1]
 
         stored = await self._serial(apply)
         if not batch:

@@ -13,9 +13,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
@@ -31,7 +31,7 @@ from memgate.adapters import rest_spaces
 from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.rest_admin import PathId, Token, bearer
-from memgate.adapters.routing import token_of
+from memgate.adapters.routing import IdempotencyKey, token_of
 from memgate.bus import BusClient, subjects
 from memgate.bus.replies import Handler
 from memgate.contracts import (
@@ -42,7 +42,7 @@ from memgate.contracts.errors import (
     UnauthenticatedError, ValidationFailedError,
 )
 from memgate.contracts.internal import Ready
-from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX, ImportRequest, ImportResult
+from memgate.contracts.memory import ImportRequest, ImportResult
 
 log = logging.getLogger("memgate.rest")
 
@@ -52,9 +52,6 @@ E = TypeVar("E", bound=Callable[..., Any])
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
-# A write retried with the same key gets its first answer (the body's `idempotencyKey`).
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
-                                              max_length=IDEMPOTENCY_KEY_MAX)]
 
 
 # A ready actor answers in about a millisecond; a probe must not hang on one that is not.

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 
 from memgate.adapters.http_errors import COMMON, QUOTA, responses
-from memgate.adapters.routing import CallerToken, Mark, Send
+from memgate.adapters.routing import CallerToken, IdempotencyKey, Mark, Send
 from memgate.bus import subjects
 from memgate.contracts import Done
 from memgate.contracts.base import ID_MAX
@@ -80,14 +80,17 @@ def router(send: Send, mark: Mark) -> APIRouter:
                  openapi_extra=_schema("EventIn"))
     @mark(_subject("events.append"), EventView)
     async def session_events_append(spaceId: PathId, sessionId: PathId, body: JsonObject,
-                                    token: CallerToken) -> EventView | EventList:
+                                    token: CallerToken,
+                                    idempotency_key: IdempotencyKey = None,
+                                    ) -> EventView | EventList:
         """One event `{body, emitter: {type, id}, eventType}` → it, with its `sequenceId`; or
-        `{events: [...]}` (1 to 200, one transaction: all or none) → `{events: [...]}`."""
-        if "events" in body:
-            return await send(_subject("events.append"), EventList, token, body,
-                              spaceId=spaceId, sessionId=sessionId)
-        return await send(_subject("events.append"), EventView, token, body, spaceId=spaceId,
-                          sessionId=sessionId)
+        `{events: [...]}` (1 to 200, one transaction: all or none) → `{events: [...]}`. Sent
+        again with the same `Idempotency-Key` (the member's, within 24 h): the events the
+        first stored, nothing appended."""
+        keyed = {} if idempotency_key is None else {"idempotencyKey": idempotency_key}
+        answer = EventList if "events" in body else EventView
+        return await send(_subject("events.append"), answer, token, body, spaceId=spaceId,
+                          sessionId=sessionId, **keyed)
 
     @routes.get("/{sessionId}/events", responses=ERRORS)
     @mark(_subject("events.list"), EventList)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Protocol, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyHeader
 
 from memgate.contracts import Contract
+from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX
 
 T = TypeVar("T", bound=Contract)
 E = TypeVar("E", bound=Callable[..., Any])
@@ -37,6 +38,9 @@ async def _caller_token(request: Request,
 
 
 CallerToken = Annotated[str | None, Depends(_caller_token)]
+# A write retried with the same key gets its first answer (a body's `idempotencyKey` too).
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                              max_length=IDEMPOTENCY_KEY_MAX)]
 
 
 class Send(Protocol):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate.storage import compaction
+from memgate.storage.idempotency import KEPT
 from memgate.storage.directory import new_id
 from memgate.storage.quotas import EVENTS, SESSIONS, Key, Quota, Usage
 from memgate.storage.transaction import transaction
@@ -72,6 +73,15 @@ CREATE TABLE IF NOT EXISTS events (
     legal_hold     BOOLEAN   NOT NULL,
     member_id      VARCHAR,              -- the member who posted it (their quota)
     PRIMARY KEY (session_id, sequence_id)
+);
+-- an append's first answer under its poster's idempotency key (`idempotency.KEPT`)
+CREATE TABLE IF NOT EXISTS idempotent_appends (
+    session_id  VARCHAR   NOT NULL,
+    member_id   VARCHAR   NOT NULL,
+    key_hash    VARCHAR   NOT NULL,  -- SHA-256 hex of the caller's key, never the key
+    first_seq   BIGINT    NOT NULL,  -- the events it stored: first_seq, first_seq + 1, ...
+    count       INTEGER   NOT NULL,
+    answered_at TIMESTAMP NOT NULL
 );
 """
 
@@ -295,8 +305,8 @@ class SessionStore(compaction.Rewritable):
         self.events_usage.stale(self._db.execute(
             "SELECT DISTINCT tenant, member_id FROM events WHERE list_contains(?, session_id)",
             [session_ids]).fetchall())
-        for table in ("events", "lifecycle_runs", "sessions"):
-            hold = " AND NOT legal_hold" if table != "lifecycle_runs" else ""
+        for table in ("events", "lifecycle_runs", "idempotent_appends", "sessions"):
+            hold = " AND NOT legal_hold" if table in ("events", "sessions") else ""
             self._db.execute(f"DELETE FROM {table} WHERE list_contains(?, session_id){hold}",
                              [session_ids])
         compaction.mark(self._db)
@@ -306,12 +316,29 @@ class SessionStore(compaction.Rewritable):
 
     # --- events ---
 
+    def appended(self, session_id: str, member_id: str, key_hash: str,
+                 now: datetime) -> list[EventRow] | None:
+        """The events the append first answered under this key of this member stored, as
+        they are now (None: no append was answered under it within `KEPT`)."""
+        found = self._db.execute(
+            "SELECT first_seq, count FROM idempotent_appends WHERE session_id = ? AND "
+            "member_id = ? AND key_hash = ? AND answered_at > ?",
+            [session_id, member_id, key_hash, _naive(now - KEPT)]).fetchone()
+        if found is None:
+            return None
+        first, count = found
+        return [_event(values) for values in self._db.execute(
+            f"SELECT {', '.join(_EVENT_COLUMNS)} FROM events WHERE session_id = ? "
+            "AND sequence_id >= ? AND sequence_id < ? ORDER BY sequence_id",
+            [session_id, first, first + count]).fetchall()]
+
     def append(self, row: SessionRow, events: Sequence[NewEvent], now: datetime,
-               expires_at: datetime | None, *, member_id: str,
+               expires_at: datetime | None, *, member_id: str, key_hash: str | None = None,
                ) -> tuple[SessionRow, list[EventRow]]:
         """All of `events` in one transaction, numbered from the session's next sequenceId,
         or none of them; posted by a member, within their quota (else MEMORY_SPACE_FULL or
-        MEMORY_SPACE_RATE_LIMITED)."""
+        MEMORY_SPACE_RATE_LIMITED); with the answer under the member's idempotency key
+        (`key_hash`, `appended`)."""
         self.events_usage.check((row.tenant, member_id), len(events), now)
         first = row.next_seq
         stored = [EventRow(first + n, e.emitter_type, e.emitter_id, e.event_type, e.body, now,
@@ -333,6 +360,13 @@ class SessionStore(compaction.Rewritable):
             if expires_at != row.expires_at:  # an idle trigger moved it for every event
                 self._db.execute("UPDATE events SET expires_at = ? WHERE session_id = ?",
                                  [_naive(expires_at), row.session_id])
+            if key_hash is not None:
+                self._db.execute(
+                    "DELETE FROM idempotent_appends WHERE answered_at <= ?",
+                    [_naive(now - KEPT)])
+                self._db.execute("INSERT INTO idempotent_appends VALUES (?, ?, ?, ?, ?, ?)",
+                                 [row.session_id, member_id, key_hash, first, len(stored),
+                                  _naive(now)])
         new = replace(row, next_seq=first + len(stored), last_event_at=now,
                       expires_at=expires_at)
         self._sessions[row.session_id] = new
