@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
@@ -154,8 +155,9 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
     port = free_port()
     app = create_app(bus.url, ready_subjects=actor_names(settings), nats_options=bus.options,
                      max_body_bytes=settings.max_body_bytes)
-    http_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                log_level="warning", lifespan="on"))
+    http_server = uvicorn.Server(uvicorn.Config(  # bounded like memgate's own (app/process.py)
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+        timeout_graceful_shutdown=math.ceil(settings.request_timeout_s)))
     task = asyncio.create_task(http_server.serve())
 
     async def stop_http() -> None:

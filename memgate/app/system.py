@@ -279,10 +279,19 @@ async def start_system(settings: Settings, stack: AsyncExitStack, *,
     return bus
 
 
+STOP_WITHIN_S = 45.0
+
+
 async def stop_together(actors: list[Actor | Standby]) -> None:
-    results = await asyncio.gather(*(actor.stop() for actor in actors), return_exceptions=True)
+    """Every actor's stop at once, each bounded (`STOP_WITHIN_S`): a stop that waits on
+    something that never comes is named in the log and cut short, not left to hang the
+    process's exit."""
+    results = await asyncio.gather(*(asyncio.wait_for(actor.stop(), STOP_WITHIN_S)
+                                     for actor in actors), return_exceptions=True)
     for actor, result in zip(actors, results, strict=True):
-        if isinstance(result, Exception):
+        if isinstance(result, TimeoutError):
+            log.error("%s did not stop within %.0f s: cut short", actor.name, STOP_WITHIN_S)
+        elif isinstance(result, Exception):
             log.error("%s did not stop cleanly: %s", actor.name, type(result).__name__)
 
 
