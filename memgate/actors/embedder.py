@@ -81,6 +81,9 @@ URGENT_BATCH = 4
 # Versions a rank asks the urgent lane for at most (their texts in one request): more than its
 # wait embeds on this machine (~200); the rest is left to the background, as what its wait leaves.
 URGENT_MAX = 256
+# The background's vectors are written every this many, while the model goes on: written once
+# per batch of events, the model waited ~12% of a drain for the writes (py-spy, issue 45).
+WRITE_EVERY = 32
 # Vectors per write of the vectors file (and per batch a cluster ships to the standbys: ~2 KiB
 # each as JSON, well below NATS's payload limit), and texts per step of an owner's backlog.
 VECTOR_CHUNK = 256
@@ -185,21 +188,29 @@ class EmbedderActor(ActorBase):
                                at_hand: dict[Owner, dict[str, str]]) -> None:
         """Embed these versions (texts `at_hand`, else fetched from storage) in the background:
         `BACKGROUND_BATCH` texts a model call, each once no waiting recall's version is left
-        to embed (`Lanes.quiet`), and one transaction: under load a batch of events spans many
-        owners, and a transaction per owner would cost more."""
+        to embed (`Lanes.quiet`); the vectors go to the file `WRITE_EVERY` at a time while the
+        model goes on (on the store's thread), each write one transaction: under load a batch
+        of events spans many owners, and a transaction per owner would cost more."""
         texts = await self._texts(wanted, at_hand)
         kept: list[_Kept] = []
-        for at in range(0, len(texts), BACKGROUND_BATCH):
-            await self._lanes.quiet()
-            batch = [each for each in texts[at:at + BACKGROUND_BATCH]
-                     if each[1].lacking([each[2].memory_id])[0]]
-            claimed = set(self._lanes.claim([item.memory_id for _, _, item in batch]))
-            batch = [each for each in batch if each[2].memory_id in claimed]
-            try:
-                kept += await self._embed(batch, self._model_thread, self._yielding)
-            finally:
-                self._lanes.done(list(claimed), urgent=False)
-        await self._write(kept)
+        writes: list[asyncio.Task[None]] = []
+        try:
+            for at in range(0, len(texts), BACKGROUND_BATCH):
+                await self._lanes.quiet()
+                batch = [each for each in texts[at:at + BACKGROUND_BATCH]
+                         if each[1].lacking([each[2].memory_id])[0]]
+                claimed = set(self._lanes.claim([item.memory_id for _, _, item in batch]))
+                batch = [each for each in batch if each[2].memory_id in claimed]
+                try:
+                    kept += await self._embed(batch, self._model_thread, self._yielding)
+                finally:
+                    self._lanes.done(list(claimed), urgent=False)
+                if len(kept) >= WRITE_EVERY:
+                    writes.append(asyncio.create_task(self._write(kept)))
+                    kept = []
+            await self._write(kept)
+        finally:  # the events are acknowledged once their vectors are in the file
+            await asyncio.gather(*writes)
 
     async def _texts(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
                      at_hand: dict[Owner, dict[str, str]]) -> list[_Text]:
