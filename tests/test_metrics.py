@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ADMIN_TOKEN, eventually
+from memgate.app.system import actor_names
+from tests.conftest import ADMIN_TOKEN, eventually, run_memgate
 from tests.test_processes import Up, memgate_up, new_agent
 
 OPERATOR = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -137,3 +139,18 @@ async def test_metrics_are_for_the_operator_only(tmp_path: Path) -> None:
             assert refused.status_code == kpis.status_code in (401, 403)
             assert "memgate_" not in refused.text
         assert (await up.http.get("/metrics", headers=OPERATOR)).status_code == 200
+
+
+async def test_metrics_say_which_actors_answer(tmp_path: Path) -> None:
+    """An actor that does not answer (here not started: a store with no owner, in a cluster)
+    is 0 in `memgate_actor_ready`, the others 1: what `/healthz` reports as `degraded` is
+    seen where the operator's alerts read."""
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack, skip=frozenset({"reaper"}))
+        samples = await scrape(memgate.http)
+    ready = {labels["actor"]: samples[("memgate_actor_ready", frozenset(labels.items()))]
+             for labels in labelled(samples, "memgate_actor_ready")}
+    assert ready["reaper"] == 0.0
+    assert ready["storage.p0"] == ready["governance"] == 1.0
+    assert set(ready) == {subject.removeprefix("mem.int.ready.")
+                          for subject in actor_names(memgate.settings)}

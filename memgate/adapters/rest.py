@@ -138,15 +138,19 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
         return await state["bus"].command(subject, token, body, result, params=params,
                                           transport="rest")
 
-    @app.get("/healthz", tags=["operations"], responses=responses(503))
-    async def healthz() -> JSONResponse:
-        nonlocal came_up
+    async def answering() -> dict[str, bool]:
+        """Each of `ready_subjects`: whether its actor answers now."""
         bus = state["bus"]
         replies = await asyncio.gather(
             *(bus.request(s, b"{}", Ready, timeout=READY_TIMEOUT_S) for s in ready_subjects),
             return_exceptions=True)
-        waiting = [s for s, reply in zip(ready_subjects, replies, strict=True)
-                   if isinstance(reply, BaseException)]
+        return {s: not isinstance(reply, BaseException)
+                for s, reply in zip(ready_subjects, replies, strict=True)}
+
+    @app.get("/healthz", tags=["operations"], responses=responses(503))
+    async def healthz() -> JSONResponse:
+        nonlocal came_up
+        waiting = [s for s, ready in (await answering()).items() if not ready]
         came_up = came_up or not waiting
         degraded = came_up and all(s in cluster_subjects for s in waiting)
         status = "ok" if not waiting else "degraded" if degraded else "starting"
@@ -210,7 +214,7 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
     app.include_router(rest_admin.router(send, command))
     for module in (rest_spaces, rest_sessions, rest_mem0, rest_mem0_profiles, rest_erasure):
         app.include_router(module.router(send, command))
-    app.include_router(rest_metrics.router(send))
+    app.include_router(rest_metrics.router(send, answering))
     app.include_router(console.router())
 
     return app

@@ -7,6 +7,8 @@ refused alike. The rest is read from the processes' metric files (`observe.expos
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter
 from fastapi.responses import Response
 
@@ -33,7 +35,16 @@ def erasure_gauges(kpis: ErasureMetrics) -> dict[str, tuple[str, float]]:
     }
 
 
-def router(send: Send) -> APIRouter:
+def readiness(answering: dict[str, bool]) -> exposition.Metric:
+    """Whether each actor this adapter waits for answers (1) or not (0) at the scrape: in a
+    cluster, a store with no owner shows here while `/healthz` stays 200 `degraded`."""
+    return exposition.labelled(
+        "memgate_actor_ready", "Whether the actor answers its readiness ping at this scrape "
+        "(1) or not (0)", "actor", {subject.removeprefix("mem.int.ready."): float(ready)
+                                    for subject, ready in answering.items()})
+
+
+def router(send: Send, answering: Callable[[], Awaitable[dict[str, bool]]]) -> APIRouter:
     routes = APIRouter(tags=["operations"])
 
     @routes.get("/metrics", response_class=Response, responses={
@@ -41,9 +52,11 @@ def router(send: Send) -> APIRouter:
                                     "description": "The Prometheus text format"}})
     async def metrics(token: CallerToken) -> Response:
         """Commands, latencies, group commits, consumers, dead letters, embedding, file
-        rewrites, rate limits and erasure KPIs of every process (operator token)."""
+        rewrites, rate limits and erasure KPIs of every process, and which actors answer
+        (operator token)."""
         kpis = await send(Admin.ERASURE_METRICS, ErasureMetrics, token, {})
-        text = exposition.exposition(exposition.gauges(erasure_gauges(kpis)))
+        text = exposition.exposition([*exposition.gauges(erasure_gauges(kpis)),
+                                      readiness(await answering())])
         return Response(text, media_type=exposition.CONTENT_TYPE)
 
     return routes

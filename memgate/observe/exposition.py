@@ -54,6 +54,15 @@ def gauges(values: Mapping[str, tuple[str, float]]) -> list[Metric]:
     return families
 
 
+def labelled(name: str, documentation: str, label: str,
+             values: Mapping[str, float]) -> Metric:
+    """A gauge known only at a scrape, one series per value of `label`."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
+    for value_of_label, value in values.items():
+        family.add_metric([value_of_label], value)
+    return family
+
+
 def exposition(extra: list[Metric]) -> bytes:
     """The text format of every process's series (or this one's), then `extra`."""
     files = os.environ.get(FILES_VARIABLE)
@@ -68,4 +77,5 @@ def exposition(extra: list[Metric]) -> bytes:
     return text + generate_latest(scraped)
 
 
-__all__ = ["CONTENT_TYPE", "FILES_VARIABLE", "directory", "exposition", "fresh", "gauges"]
+__all__ = ["CONTENT_TYPE", "FILES_VARIABLE", "Metric", "directory", "exposition", "fresh", "gauges",
+           "labelled"]
