@@ -342,6 +342,24 @@ async def test_add_extracts_facts_through_the_spaces_llm_which_sees_only_masked_
     assert len(json.loads(await llm.received())) == 1  # infer=False: the LLM was not asked
 
 
+async def test_a_delete_sent_again_under_its_idempotency_key_answers_as_the_first(
+        memgate: Memgate) -> None:
+    """A mem0 delete whose answer was lost, sent again with the same `Idempotency-Key`, is
+    told the memory was deleted (not 404); another key is a delete of its own."""
+    space = await new_space(memgate)
+    client = await space.client()
+    added = await asyncio.to_thread(client.add, "delete me once", user_id="alex", infer=False)
+    path = f"/memory/{space.id}/v1/memories/{added['results'][0]['id']}/"
+    auth = {"Authorization": f"Token {space.owner.token}"}
+    first, again, other, too_long = [
+        await memgate.http.delete(path, headers={**auth, "Idempotency-Key": key})
+        for key in ("delete-1", "delete-1", "delete-2", "k" * 256)]
+    assert first.status_code == again.status_code == 200, first.text
+    assert again.json() == first.json()
+    assert other.status_code == 404
+    assert too_long.status_code == 400
+
+
 @pytest.mark.parametrize("mode", ["5xx", "badjson", "slow"])
 async def test_an_llm_failure_stores_nothing(memgate: Memgate, llm: Llm, mode: str) -> None:
     space = await new_space(memgate, llm)

@@ -46,7 +46,7 @@ from memgate.contracts.internal import (
     Owner, RecallQuery, StoreForget, StoreImport, StoreQuery, StoreRemember, StoreRememberAll,
     space_owner,
 )
-from memgate.contracts.memory import Extras
+from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX, Extras
 from memgate.contracts.reply import ErrorBody
 from memgate.contracts.mem0 import (
     BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
@@ -67,6 +67,7 @@ from memgate.policy.metadata import (
     MemoryFilter, expiry_of, masked_metadata, memory_filter, shown_at,
 )
 from memgate.ports.bus import Requester
+from memgate.storage.idempotency import digest
 from memgate.ports.llm import ChatModel, unavailable
 from memgate.ports.profiles import BusProfileState
 from memgate.ports.spaces import BusSpaces, Spaces
@@ -85,6 +86,17 @@ ONE_MICROSECOND = timedelta(microseconds=1)
 B = TypeVar("B", bound=Contract)
 
 __all__ = ["SpaceMemoriesActor"]
+
+
+def _idempotency(envelope: Envelope) -> str | None:
+    """The SHA-256 of the request's `Idempotency-Key` header (REST), if it has one."""
+    key = envelope.params.get("idempotencyKey")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValidationFailedError(f"an Idempotency-Key holds 1 to {IDEMPOTENCY_KEY_MAX} "
+                                    "characters", {"field": "Idempotency-Key"})
+    return digest(key)
 
 
 def _memory_id(envelope: Envelope) -> str:
@@ -642,10 +654,13 @@ class SpaceMemoriesActor(ActorBase):
         return Mem0Message(message=f"Successfully deleted {len(keys)} memories")
 
     async def delete(self, envelope: Envelope) -> Mem0Message:
+        """A delete sent again under its `Idempotency-Key` answers as the first did (not a
+        404 for the memory it deleted): the forget's own record (`StoreForget.idempotency`)."""
         access = await self._access(envelope, Permission.CAN_DELETE)
         await self._storage.forget(StoreForget(
             owner=_owner(access.workspace_id, access.space_id),
-            key=_memory_id(envelope)))
+            key=_memory_id(envelope), member_id=access.member_id,
+            idempotency=_idempotency(envelope)))
         return Mem0Message(message="Memory deleted successfully!")
 
     async def delete_all(self, envelope: Envelope) -> Mem0Message:

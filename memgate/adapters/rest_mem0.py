@@ -158,7 +158,10 @@ def router(send: Send, mark: Mark) -> APIRouter:
 
     @routes.delete("/v1/memories/{memoryId}/", responses=READS)
     async def mem0_delete(request: Request) -> JSONResponse:
-        return JSONResponse(_json(await forward(request, "delete", Mem0Message)))
+        key = request.headers.get("Idempotency-Key")  # a retry answers as the first did
+        deleted = await (forward(request, "delete", Mem0Message) if key is None else
+                         forward(request, "delete", Mem0Message, idempotencyKey=key))
+        return JSONResponse(_json(deleted))
 
     @routes.delete("/v1/memories/", responses=READS,
                    openapi_extra=_query("filters", "user_id", "agent_id", "run_id"))
