@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import nats
 
+from memgate.bus.lifetime import die_with_parent
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
 from memgate.bus import MemgateClient
@@ -137,6 +138,7 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
             env=env,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=None if os.environ.get("BENCH_LOGS") else asyncio.subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),  # a benchmark killed takes its memgate along
         )
         http_url = f"http://127.0.0.1:{http_port}"
         async with httpx.AsyncClient(base_url=http_url, timeout=60) as http:
