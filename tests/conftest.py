@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,12 @@ class Memgate:
     http: httpx.AsyncClient
     settings: Settings
     stack: AsyncExitStack  # what the fixture closes, even when the test fails
+    watch: StopWatch
+
+    def closing(self, close: Callable[[], Awaitable[None]]) -> None:
+        """`close` run by the fixture's stop, watched like the rest of it."""
+        self.stack.push_async_callback(close)
+        self.stack.callback(self.watch.arm)
 
     @property
     def nats_url(self) -> str:
@@ -84,7 +93,7 @@ class Memgate:
     async def internal(self, kind: str) -> Any:
         """A connection with the login of one kind of actor; closed with the fixture."""
         nc = await nats.connect(self.bus.url, **self.bus.login(kind))
-        self.stack.push_async_callback(close_nats, nc)
+        self.closing(partial(close_nats, nc))
         return nc
 
     async def admin(self, method: str, path: str, token: str | None,
@@ -132,7 +141,7 @@ class Memgate:
         nats_agent = await self.nats_agent()
         agent = await BusAgent.connect(self.nats_url, token, nats_agent["seed"],
                                        nats_agent["inboxPrefix"])
-        self.stack.push_async_callback(agent.close)
+        self.closing(agent.close)
         return agent
 
 
@@ -151,6 +160,8 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
                       skip: frozenset[str] = frozenset(), **overrides: Any) -> Memgate:
     """nats-server, the actors (but `skip`), and the REST adapter on a free port, under `stack`."""
     settings = test_settings(tmp_path / "data", **overrides)
+    watch = StopWatch()
+    stack.push_async_exit(watch.settle)
     bus = await start_system(settings, stack, skip=skip)
     port = free_port()
     app = create_app(bus.url, ready_subjects=actor_names(settings), nats_options=bus.options,
@@ -172,32 +183,61 @@ async def run_memgate(tmp_path: Path, stack: AsyncExitStack, *,
         await asyncio.sleep(0.01)
     client = await stack.enter_async_context(
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30))
-    return Memgate(bus, client, settings, stack)
+    stack.callback(watch.arm)
+    return Memgate(bus, client, settings, stack, watch)
 
 
 STOP_REPORT_AFTER_S = 30.0  # a stop still running then prints every task's stack
+STOP_CUT_AFTER_S = 75.0  # and then has the step it waits on cancelled (pytest-timeout: 120 s)
+
+
+class StopWatch:
+    """A test memgate's stop, watched: still running after `STOP_REPORT_AFTER_S`, it prints
+    where every task waits (the thread dump pytest-timeout prints shows only the idle loop);
+    after `STOP_CUT_AFTER_S`, the step it waits on is cancelled, the steps after it run (the
+    nats-server stopped among them) and the test's verdict stands, the dump in the output."""
+
+    def __init__(self) -> None:
+        self._timers: list[asyncio.TimerHandle] = []
+        self._cut = False
+
+    def arm(self) -> None:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        for timer in self._timers:  # armed again by a later step: the stop starts there
+            timer.cancel()
+        self._timers = [loop.call_later(STOP_REPORT_AFTER_S, print_tasks),
+                        loop.call_later(STOP_CUT_AFTER_S, self._cut_short, task)]
+
+    def _cut_short(self, task: asyncio.Task[Any]) -> None:
+        warnings.warn(f"a memgate stop cut short after {STOP_CUT_AFTER_S:.0f} s", stacklevel=1)
+        self._cut = True
+        task.cancel()
+
+    async def settle(self, exc_type: type[BaseException] | None, *_: object) -> bool:
+        for timer in self._timers:
+            timer.cancel()
+        task = asyncio.current_task()
+        if self._cut and exc_type is asyncio.CancelledError and task is not None:
+            task.uncancel()
+            return True
+        return False
 
 
 @pytest.fixture
 async def memgate(tmp_path: Path) -> AsyncIterator[Memgate]:
-    stack = AsyncExitStack()
-    try:
+    async with AsyncExitStack() as stack:
         yield await run_memgate(tmp_path, stack)
-    finally:
-        report = asyncio.get_running_loop().call_later(STOP_REPORT_AFTER_S, print_tasks)
-        try:
-            await stack.aclose()
-        finally:
-            report.cancel()
 
 
 def print_tasks() -> None:
-    """Where every task of the loop waits: what a stop that hangs is waiting for (the thread
-    dump pytest-timeout prints shows only the idle loop)."""
-    print(f"--- a memgate stop still running after {STOP_REPORT_AFTER_S:.0f} s; its tasks:",
-          file=sys.__stderr__)
+    """Where every task of the loop waits: what a stop that hangs is waiting for (a warning:
+    pytest's summary shows it even when the test passes)."""
+    stacks = io.StringIO()
     for task in asyncio.all_tasks():
-        task.print_stack(limit=12, file=sys.__stderr__)
+        task.print_stack(limit=12, file=stacks)
+    warnings.warn(f"a memgate stop still running after {STOP_REPORT_AFTER_S:.0f} s; its tasks:\n"
+                  f"{stacks.getvalue()}", stacklevel=1)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 15.0) -> None:

@@ -136,7 +136,7 @@ async def test_the_reaper_sweeps_on_its_schedule(memgate: Memgate) -> None:
     await agent.remember("notes", "a note to age")
     reaper = await reaper_on(memgate, days_later(100), interval_s=0.05, first_sweep_s=0)
     await reaper.start()
-    memgate.stack.push_async_callback(reaper.stop)
+    memgate.closing(reaper.stop)
 
     async def reaped() -> bool:
         return await listed(agent) == []
