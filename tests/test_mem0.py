@@ -360,6 +360,39 @@ async def test_a_delete_sent_again_under_its_idempotency_key_answers_as_the_firs
     assert too_long.status_code == 400
 
 
+async def test_an_add_sent_again_under_its_idempotency_key_answers_as_the_first(
+        memgate: Memgate, llm: Llm) -> None:
+    """A mem0 add whose answer was lost, sent again with the same `Idempotency-Key`, gets the
+    memories the first stored, writes nothing and asks the model nothing; another key is an
+    add of its own; a key too long is refused before anything is stored."""
+    space = await new_space(memgate, llm)
+    path = f"/memory/{space.id}/v3/memories/add/"
+    auth = {"Authorization": f"Token {space.owner.token}"}
+    body = {"messages": [{"role": "user", "content": "I am vegetarian."},
+                         {"role": "assistant", "content": "Got it, no meat."}],
+            "user_id": "alex", "metadata": {"topic": "food"}}
+    first, again, other, too_long = [
+        await memgate.http.post(path, json=body, headers={**auth, "Idempotency-Key": key})
+        for key in ("add-1", "add-1", "add-2", "k" * 256)]
+    assert first.status_code == again.status_code == other.status_code == 200, first.text
+    assert len(first.json()["results"]) == 2
+    assert again.json() == first.json()
+    assert len(json.loads(await llm.received())) == 2  # the first add's and the other key's
+    assert {r["id"] for r in other.json()["results"]}.isdisjoint(
+        r["id"] for r in first.json()["results"])
+    assert too_long.status_code == 400
+    client = await space.client()
+    assert (await asyncio.to_thread(client.get_all, filters={"user_id": "alex"}))["count"] == 4
+
+    verbatim = {"messages": [{"role": "user", "content": "store me as I am"}], "infer": False,
+                "user_id": "sam"}
+    stored = [await memgate.http.post(path, json=verbatim,
+                                      headers={**auth, "Idempotency-Key": "verbatim"})
+              for _ in range(2)]
+    assert stored[0].json() == stored[1].json()
+    assert (await asyncio.to_thread(client.get_all, filters={"user_id": "sam"}))["count"] == 1
+
+
 @pytest.mark.parametrize("mode", ["5xx", "badjson", "slow"])
 async def test_an_llm_failure_stores_nothing(memgate: Memgate, llm: Llm, mode: str) -> None:
     space = await new_space(memgate, llm)

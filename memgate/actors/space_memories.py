@@ -49,8 +49,9 @@ from memgate.contracts.internal import (
 from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX, Extras
 from memgate.contracts.reply import ErrorBody
 from memgate.contracts.mem0 import (
-    BATCH_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults, BatchDelete, BatchUpdate,
-    ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry, ImportedMemory,
+    BATCH_MAX, MESSAGES_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults,
+    BatchDelete, BatchUpdate, ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry,
+    ImportedMemory,
     ImportMemories, ImportOutcome, ImportResults, ListMemories, Mem0Memory, Mem0Message,
     MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
@@ -83,9 +84,20 @@ HISTORY_MAX = 100  # versions one history walks back
 DEFAULT_TOP_K = 10
 EXTRACTED_RETENTION_DAYS = 365  # the longest; the workspace's retentionDays reaps sooner
 ONE_MICROSECOND = timedelta(microseconds=1)
+# The ids of an add's memories under an idempotency key (`_keyed`), at most one per message
+# or per fact found.
+KEYED_IDS = uuid.UUID("5d1c2a7e-3f0b-4c59-9a8e-6b2f4e7d1a30")
+ADDED_MAX = max(MESSAGES_MAX, extraction.FACTS_MAX)
 B = TypeVar("B", bound=Contract)
 
 __all__ = ["SpaceMemoriesActor"]
+
+
+def _keyed(member_id: str, key_hash: str, count: int) -> list[str]:
+    """The mem0 ids of the memories an add under an idempotency key stores: the same on every
+    retry, another member's or key's never."""
+    return [uuid.uuid5(KEYED_IDS, f"{member_id}:{key_hash}:{place}").hex
+            for place in range(count)]
 
 
 def _idempotency(envelope: Envelope) -> str | None:
@@ -490,10 +502,21 @@ class SpaceMemoriesActor(ActorBase):
         return Ping(org_id=access.workspace_id, project_id=access.space_id)
 
     async def add(self, envelope: Envelope) -> AddResults:
+        """The messages' memories (the facts a model finds in them, or their masked text).
+        Under an `Idempotency-Key`, the memories' ids are the member's, the key's and their
+        place's (`_keyed`): a retry finds those the first add stored, answers with them and
+        writes nothing (nor asks the model again); an add that stored nothing writes now."""
         access = await self._access(envelope, Permission.CAN_UPDATE)
         body = _body(AddMemories, envelope)
         entity = entity_of(body.filters, user_id=body.user_id, agent_id=body.agent_id,
                            run_id=body.run_id)
+        key_hash = _idempotency(envelope)
+        if key_hash is not None and (first := await self._first_added(
+                _owner(access.workspace_id, access.space_id), access.member_id, key_hash)):
+            entities = await self._entities(access.space_id, first)
+            return AddResults(results=[
+                Added(id=m.key or m.memory_id, memory=m.text, metadata=_extras(m).metadata,
+                      **_ids(entities.get(m.namespace))) for m in first])
         now = datetime.now(UTC)
         extras = await asyncio.to_thread(_added_extras, body, now)  # masking: off the loop
         llm = access.llm_model_name and access.llm_base_url
@@ -510,11 +533,21 @@ class SpaceMemoriesActor(ActorBase):
             return AddResults(results=[])
         stored = await self._remember_about(access.space_id, entity, _Writer.of(
             access.workspace_id, access.space_id, access.member_id, access.retention_days),
-            texts, extras=extras)
+            texts, None if key_hash is None else _keyed(access.member_id, key_hash, len(texts)),
+            extras=extras)
         return AddResults(results=[
             Added(id=key, memory=text, user_id=entity.user_id, agent_id=entity.agent_id,
                   run_id=entity.run_id, metadata=extras.metadata if extras else None)
             for (key, _), text in zip(stored, texts, strict=True)])
+
+    async def _first_added(self, owner: Owner, member_id: str, key_hash: str) -> list[Memory]:
+        """The memories an add under this key stored, in their order (none: no add did)."""
+        found: list[Memory] = []
+        for key in _keyed(member_id, key_hash, ADDED_MAX):
+            if (current := await self._current(owner, key)) is None:
+                break
+            found.append(current)
+        return found
 
     async def get(self, envelope: Envelope) -> Mem0Memory:
         access = await self._access(envelope, Permission.CAN_VIEW)

@@ -25,6 +25,7 @@ from memgate.adapters.routing import Mark, Send, token_of
 from memgate.bus import subjects
 from memgate.contracts import Contract
 from memgate.contracts.errors import MemgateError
+from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX
 from memgate.contracts.mem0 import (
     AddResults, History, ImportResults, Mem0Memory, Mem0Message, MemoryPage, Ping, SearchResults,
 )
@@ -101,13 +102,16 @@ class Forward(Protocol):
 
 def forwarder(send: Send) -> Forward:
     """Sends a mem0 route's request to `mem.space.memories.<operation>`: its path parameters,
-    the query parameters it knows, `params` (e.g. a header's value) and its JSON body."""
+    the query parameters it knows, its `Idempotency-Key` (a write retried answers as the first
+    did: add and delete), `params` and its JSON body."""
 
     async def forward(request: Request, operation: str, result: type[Contract], *,
                       body: bool = False, **params: str) -> Any:
         params = {**{k: str(v) for k, v in request.path_params.items()}, **params}
         params.update({k: v[:QUERY_PARAM_MAX] for k, v in request.query_params.items()
                        if k in QUERY_PARAMS})
+        if (key := request.headers.get("Idempotency-Key")) is not None:  # too long: refused
+            params["idempotencyKey"] = key[:IDEMPOTENCY_KEY_MAX + 1]
         data: dict[str, Any] = {}
         if body:
             raw = await request.body()
@@ -158,10 +162,7 @@ def router(send: Send, mark: Mark) -> APIRouter:
 
     @routes.delete("/v1/memories/{memoryId}/", responses=READS)
     async def mem0_delete(request: Request) -> JSONResponse:
-        key = request.headers.get("Idempotency-Key")  # a retry answers as the first did
-        deleted = await (forward(request, "delete", Mem0Message) if key is None else
-                         forward(request, "delete", Mem0Message, idempotencyKey=key))
-        return JSONResponse(_json(deleted))
+        return JSONResponse(_json(await forward(request, "delete", Mem0Message)))
 
     @routes.delete("/v1/memories/", responses=READS,
                    openapi_extra=_query("filters", "user_id", "agent_id", "run_id"))
