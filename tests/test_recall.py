@@ -315,10 +315,12 @@ FACTS = {
 }
 
 
-# The cosine deadline of the burst test: the default's 800 ms hold on this machine (the 102
-# versions take ~0.45 s); a CI machine under other load once missed it, and what the test proves,
-# that a recall waits for its scope's versions rather than answering without them, holds at any.
-BURST_DEADLINE_MS = 3_000
+# The cosine deadline of the burst test. What it proves, that a recall waits for its scope's
+# versions rather than answering without them, holds at any deadline; the default's 800 ms holds
+# on a quiet 2-core machine (the 102 versions take ~0.45 s), not on one that runs three other
+# processes' worth of CPU (measured: the query's own embedding and the scope read took 640 ms of
+# it, and the rank answered after the deadline), as a CI machine did once.
+BURST_DEADLINE_MS = 5_000
 
 
 async def test_recalls_right_after_a_burst_find_their_facts_by_meaning(tmp_path: Path) -> None:
