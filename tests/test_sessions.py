@@ -201,6 +201,35 @@ async def test_an_append_sent_again_under_its_idempotency_key_appends_nothing(
                        {"Idempotency-Key": "k" * 256}), 400, "VALIDATION_ERROR")
 
 
+async def test_a_space_or_session_created_again_under_its_idempotency_key_is_the_first(
+        memgate: Memgate) -> None:
+    """A create whose answer was lost, sent again with the same `Idempotency-Key`, gets what
+    the first made (the same id, nothing more listed); another key, or another member's same
+    key, makes one of its own; a key too long is refused before anything is made."""
+    owner = await memgate.workspace()
+    await enable(memgate, owner, owner)
+    other = await memgate.member(owner)
+    await enable(memgate, owner, other)
+    body = {"description": "support bot"}
+    spaces = [await ok(memgate, "POST", "/memory/spaces", member.token, body,
+                       {"Idempotency-Key": key})
+              for member, key in ((owner, "space-1"), (owner, "space-1"), (owner, "space-2"),
+                                  (other, "space-1"))]
+    assert spaces[1] == spaces[0]
+    assert len({s["id"] for s in spaces}) == 3
+    listed = await ok(memgate, "GET", "/memory/spaces", owner.token)
+    assert sorted(s["id"] for s in listed["spaces"]) == sorted(s["id"] for s in spaces[::2])
+    refused(await call(memgate, "POST", "/memory/spaces", owner.token, body,
+                       {"Idempotency-Key": "k" * 256}), 400, "VALIDATION_ERROR")
+
+    space = Space(owner, spaces[0]["id"])
+    created = [await ok(memgate, "POST", space.sessions, owner.token,
+                        {"participants": [PARTICIPANT]}, {"Idempotency-Key": key})
+               for key in ("session-1", "session-1", "session-2")]
+    assert created[1]["id"] == created[0]["id"] != created[2]["id"]
+    assert created[1]["version"] == created[0]["version"] == 1
+
+
 async def test_last_n_returns_the_newest_n_oldest_first(memgate: Memgate) -> None:
     space = await new_space(memgate)
     session = await new_session(memgate, space)

@@ -43,7 +43,7 @@ from memgate.ports.storage import BusStorage, Storage
 from memgate.ports.services import BusRecall
 from memgate.runtime.actor import ActorBase, Endpoint, Listener, Operator, partition_of
 from memgate.storage.directory import hash_token
-from memgate.storage.idempotency import digest
+from memgate.policy.idempotency import digest
 
 R = TypeVar("R", bound=RememberRequest)
 

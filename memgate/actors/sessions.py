@@ -47,7 +47,7 @@ from memgate.contracts.sessions import (
     PatchSession, SessionView, SpaceDeleted, Strategy, Trigger,
 )
 from memgate.contracts.spaces import Permission, SpaceAccess
-from memgate.policy import lifecycle
+from memgate.policy import idempotency, lifecycle
 from memgate.policy.authorisation import refuse_personal_data
 from memgate.policy.conversation import extract_text, if_match, masked_body
 from memgate.policy.masking import mask
@@ -57,7 +57,6 @@ from memgate.ports.services import BusExtraction
 from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, enveloped
 from memgate.runtime.compaction import Compactions
 from memgate.storage.quotas import EVENTS, SESSIONS, Quota
-from memgate.storage.idempotency import digest
 from memgate.storage.sessions import EventRow, NewEvent, SessionRow, SessionStore
 from memgate.tasks import cancelled
 
@@ -212,10 +211,12 @@ class SessionsActor(ActorBase):
         participants = list(dict.fromkeys(canonical_id(p) for p in body.participants))
         now = self._clock()
         expires = lifecycle.hidden_at(strategies, created_at=now, last_event_at=None)
+        key_hash = idempotency.key_hash(envelope.params)  # a retry gets the session it made
         row = await self._serial(partial(
             self.store.create, access.space_id, access.workspace_id, participants,
             mask(body.description).text, [_strategy_json(s) for s in strategies], now, expires,
-            created_by=access.member_id))
+            created_by=access.member_id, session_id=None if key_hash is None else
+            idempotency.keyed_id("ses", access.space_id, access.member_id, key_hash)))
         return _view(row)
 
     async def get(self, envelope: Envelope) -> SessionView:
@@ -289,8 +290,7 @@ class SessionsActor(ActorBase):
             events = [parse(EventIn, envelope.body)]
         new = await asyncio.to_thread(_masked_events, events, batch)  # CPU: off the loop
         session_id = envelope.params.get("sessionId", "")
-        key = envelope.params.get("idempotencyKey")
-        key_hash = None if key is None else digest(key)
+        key_hash = idempotency.key_hash(envelope.params)
         now = self._clock()
 
         def apply() -> list[EventRow]:

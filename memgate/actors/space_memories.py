@@ -46,7 +46,7 @@ from memgate.contracts.internal import (
     Owner, RecallQuery, StoreForget, StoreImport, StoreQuery, StoreRemember, StoreRememberAll,
     space_owner,
 )
-from memgate.contracts.memory import IDEMPOTENCY_KEY_MAX, Extras
+from memgate.contracts.memory import Extras
 from memgate.contracts.reply import ErrorBody
 from memgate.contracts.mem0 import (
     BATCH_MAX, MESSAGES_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults,
@@ -68,7 +68,7 @@ from memgate.policy.metadata import (
     MemoryFilter, expiry_of, masked_metadata, memory_filter, shown_at,
 )
 from memgate.ports.bus import Requester
-from memgate.storage.idempotency import digest
+from memgate.policy.idempotency import key_hash as idempotency_key, keyed
 from memgate.ports.llm import ChatModel, unavailable
 from memgate.ports.profiles import BusProfileState
 from memgate.ports.spaces import BusSpaces, Spaces
@@ -84,31 +84,13 @@ HISTORY_MAX = 100  # versions one history walks back
 DEFAULT_TOP_K = 10
 EXTRACTED_RETENTION_DAYS = 365  # the longest; the workspace's retentionDays reaps sooner
 ONE_MICROSECOND = timedelta(microseconds=1)
-# The ids of an add's memories under an idempotency key (`_keyed`), at most one per message
-# or per fact found.
-KEYED_IDS = uuid.UUID("5d1c2a7e-3f0b-4c59-9a8e-6b2f4e7d1a30")
+# The memories an add under an idempotency key may have stored: one per message or per fact.
 ADDED_MAX = max(MESSAGES_MAX, extraction.FACTS_MAX)
 B = TypeVar("B", bound=Contract)
 
 __all__ = ["SpaceMemoriesActor"]
 
 
-def _keyed(member_id: str, key_hash: str, count: int) -> list[str]:
-    """The mem0 ids of the memories an add under an idempotency key stores: the same on every
-    retry, another member's or key's never."""
-    return [uuid.uuid5(KEYED_IDS, f"{member_id}:{key_hash}:{place}").hex
-            for place in range(count)]
-
-
-def _idempotency(envelope: Envelope) -> str | None:
-    """The SHA-256 of the request's `Idempotency-Key` header (REST), if it has one."""
-    key = envelope.params.get("idempotencyKey")
-    if key is None:
-        return None
-    if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
-        raise ValidationFailedError(f"an Idempotency-Key holds 1 to {IDEMPOTENCY_KEY_MAX} "
-                                    "characters", {"field": "Idempotency-Key"})
-    return digest(key)
 
 
 def _memory_id(envelope: Envelope) -> str:
@@ -160,6 +142,11 @@ def _int_param(envelope: Envelope, name: str, default: int, high: int) -> int:
         raise ValidationFailedError(f"{name} must be a whole number from 1 to {high}",
                                     {"field": name})
     return int(raw)
+
+
+def _keyed(member_id: str, key_hash: str, count: int) -> list[str]:
+    """The mem0 ids of the memories an add under an idempotency key stores, by place."""
+    return [keyed(member_id, key_hash, str(place)) for place in range(count)]
 
 
 def _ids(entity: Entity | None) -> dict[str, Any]:
@@ -510,7 +497,7 @@ class SpaceMemoriesActor(ActorBase):
         body = _body(AddMemories, envelope)
         entity = entity_of(body.filters, user_id=body.user_id, agent_id=body.agent_id,
                            run_id=body.run_id)
-        key_hash = _idempotency(envelope)
+        key_hash = idempotency_key(envelope.params)
         if key_hash is not None and (first := await self._first_added(
                 _owner(access.workspace_id, access.space_id), access.member_id, key_hash)):
             entities = await self._entities(access.space_id, first)
@@ -693,7 +680,7 @@ class SpaceMemoriesActor(ActorBase):
         await self._storage.forget(StoreForget(
             owner=_owner(access.workspace_id, access.space_id),
             key=_memory_id(envelope), member_id=access.member_id,
-            idempotency=_idempotency(envelope)))
+            idempotency=idempotency_key(envelope.params)))
         return Mem0Message(message="Memory deleted successfully!")
 
     async def delete_all(self, envelope: Envelope) -> Mem0Message:

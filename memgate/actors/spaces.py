@@ -35,6 +35,7 @@ from memgate.contracts.spaces import (
     AccessRequest, CreateSpace, Entities, EntitiesRequest, Entity, EntityRequest, EntitySettled,
     Permission, Scope, ScopeRequest, ShareSpace, SpaceAccess, SpaceList, SpaceRole, SpaceView,
 )
+from memgate.policy import idempotency
 from memgate.policy.llm_origins import Origin, allowed, well_formed
 from memgate.policy.masking import mask
 from memgate.policy.mem0 import compile_filters, namespaces
@@ -313,9 +314,12 @@ class SpacesActor(ActorBase):
         body = parse(CreateSpace, envelope.body)
         self._check_llm(body)
         # free text, shown to every member the space is shared with: masked like memory text
-        space = await self._serial(self.store.create, member.workspace_id, member.member_id,
-                                   mask(body.description).text, body.llm_model_name,
-                                   body.llm_base_url)
+        key_hash = idempotency.key_hash(envelope.params)  # a retry gets the space it made
+        space = await self._serial(partial(
+            self.store.create, member.workspace_id, member.member_id,
+            mask(body.description).text, body.llm_model_name, body.llm_base_url,
+            space_id=None if key_hash is None else idempotency.keyed_id(
+                "sp", member.workspace_id, member.member_id, key_hash)))
         return _view(space, SpaceRole.OWNER)
 
     async def get(self, envelope: Envelope) -> SpaceView:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 
 from memgate.adapters.http_errors import COMMON, QUOTA, responses
-from memgate.adapters.routing import CallerToken, IdempotencyKey, Mark, Send
+from memgate.adapters.routing import CallerToken, IdempotencyKey, Mark, Send, keyed
 from memgate.bus import subjects
 from memgate.contracts import Done
 from memgate.contracts.base import ID_MAX
@@ -40,9 +40,12 @@ def router(send: Send, mark: Mark) -> APIRouter:
                  openapi_extra=_schema("CreateSession"))
     @mark(_subject("create"), SessionView)
     async def session_create(spaceId: PathId, body: JsonObject, token: CallerToken,
-                             response: Response) -> SessionView:
-        """`{participants, description?, lifecycleStrategies?}` → the session."""
-        created = await send(_subject("create"), SessionView, token, body, spaceId=spaceId)
+                             response: Response,
+                             idempotency_key: IdempotencyKey = None) -> SessionView:
+        """`{participants, description?, lifecycleStrategies?}` → the session; sent again
+        with the same `Idempotency-Key` (the member's): the session the first made."""
+        created = await send(_subject("create"), SessionView, token, body, spaceId=spaceId,
+                             **keyed(idempotency_key))
         return _etag(response, created)
 
     @routes.get("/{sessionId}", responses=ERRORS)
@@ -87,10 +90,9 @@ def router(send: Send, mark: Mark) -> APIRouter:
         `{events: [...]}` (1 to 200, one transaction: all or none) → `{events: [...]}`. Sent
         again with the same `Idempotency-Key` (the member's, within 24 h): the events the
         first stored, nothing appended."""
-        keyed = {} if idempotency_key is None else {"idempotencyKey": idempotency_key}
         answer = EventList if "events" in body else EventView
         return await send(_subject("events.append"), answer, token, body, spaceId=spaceId,
-                          sessionId=sessionId, **keyed)
+                          sessionId=sessionId, **keyed(idempotency_key))
 
     @routes.get("/{sessionId}/events", responses=ERRORS)
     @mark(_subject("events.list"), EventList)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from memgate.adapters.http_errors import COMMON, QUOTA, responses
-from memgate.adapters.routing import CallerToken, Mark, Send
+from memgate.adapters.routing import CallerToken, IdempotencyKey, Mark, Send, keyed
 from memgate.bus import subjects
 from memgate.contracts import Done
 from memgate.contracts.base import ID_MAX
@@ -22,8 +22,12 @@ def router(send: Send, mark: Mark) -> APIRouter:
 
     @routes.post("", responses=responses(*COMMON, 422, *QUOTA))
     @mark(subjects.space("spaces.create"), SpaceView)
-    async def create_space(body: CreateSpace, token: CallerToken) -> SpaceView:
-        return await send(subjects.space("spaces.create"), SpaceView, token, body)
+    async def create_space(body: CreateSpace, token: CallerToken,
+                           idempotency_key: IdempotencyKey = None) -> SpaceView:
+        """Sent again with the same `Idempotency-Key` (the member's): the space the first
+        made, nothing created."""
+        return await send(subjects.space("spaces.create"), SpaceView, token, body,
+                          **keyed(idempotency_key))
 
     @routes.get("", responses=SPACE_ERRORS)
     async def list_spaces(token: CallerToken) -> SpaceList:

@@ -43,6 +43,11 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_lengt
                                               max_length=IDEMPOTENCY_KEY_MAX)]
 
 
+def keyed(key: str | None) -> dict[str, str]:
+    """A command's params for its `Idempotency-Key` header (none without one)."""
+    return {} if key is None else {"idempotencyKey": key}
+
+
 class Send(Protocol):
     """Send a public command with the caller's token; the reply parsed as `result` (a failure
     raises its typed exception, which the app turns into the §3.10 shape)."""
@@ -57,4 +62,4 @@ class Mark(Protocol):
     def __call__(self, subject: str, result: type[Contract]) -> Callable[[E], E]: ...
 
 
-__all__ = ["CallerToken", "Mark", "Send", "token_of"]
+__all__ = ["CallerToken", "IdempotencyKey", "Mark", "Send", "keyed", "token_of"]

@@ -11,7 +11,6 @@ go through the connection's `execute`, so a cluster's standbys receive them with
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -66,10 +65,6 @@ class Answer(NamedTuple):
     created_at: datetime  # naive UTC
     superseded: int
     masked: str  # JSON
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Records:

@@ -224,12 +224,16 @@ class SessionStore(compaction.Rewritable):
 
     def create(self, space_id: str, tenant: str, participants: Sequence[str], description: str,
                strategies: Sequence[dict[str, Any]], now: datetime,
-               expires_at: datetime | None, *, created_by: str) -> SessionRow:
+               expires_at: datetime | None, *, created_by: str,
+               session_id: str | None = None) -> SessionRow:
         """A session created by a member, within their quota (else MEMORY_SPACE_FULL or
-        MEMORY_SPACE_RATE_LIMITED)."""
+        MEMORY_SPACE_RATE_LIMITED); under `session_id` if given, and that session if it exists
+        (a create retried under its idempotency key: nothing written)."""
+        if session_id is not None and (first := self._sessions.get(session_id)) is not None:
+            return first
         self.sessions_usage.check((tenant, created_by), 1, now)
-        row = SessionRow(new_id("ses"), space_id, tenant, tuple(participants), description,
-                         tuple(strategies), 1, 0, now, now, expires_at=expires_at,
+        row = SessionRow(session_id or new_id("ses"), space_id, tenant, tuple(participants),
+                         description, tuple(strategies), 1, 0, now, now, expires_at=expires_at,
                          created_by=created_by)
         self._db.execute(
             f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) VALUES "

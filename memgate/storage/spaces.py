@@ -115,13 +115,17 @@ class SpaceStore(compaction.Rewritable):
 
 
     def create(self, workspace_id: str, member_id: str, description: str,
-               llm_model_name: str | None, llm_base_url: str | None) -> SpaceRow:
+               llm_model_name: str | None, llm_base_url: str | None, *,
+               space_id: str | None = None) -> SpaceRow:
         """A space created by the member, within their quota (else MEMORY_SPACE_FULL or
-        MEMORY_SPACE_RATE_LIMITED)."""
+        MEMORY_SPACE_RATE_LIMITED); under `space_id` if given, and that space if it exists
+        (a create retried under its idempotency key: nothing written)."""
+        if space_id is not None and (first := self._spaces.get(space_id)) is not None:
+            return first
         now = datetime.now(UTC).replace(tzinfo=None)
         self.usage.check((workspace_id, member_id), 1, now)
-        row = SpaceRow(new_id("sp"), workspace_id, description, llm_model_name, llm_base_url,
-                       member_id, now)
+        row = SpaceRow(space_id or new_id("sp"), workspace_id, description, llm_model_name,
+                       llm_base_url, member_id, now)
         with transaction(self._db):
             self._db.execute("INSERT INTO spaces VALUES (?, ?, ?, ?, ?, ?, ?)",
                              list(astuple(row)))

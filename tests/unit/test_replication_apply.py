@@ -17,7 +17,7 @@ import pytest
 from memgate.cluster import replication
 from memgate.storage import Filters, MemoryStore, Remember
 from memgate.storage import compaction
-from memgate.storage.idempotency import digest
+from memgate.policy.idempotency import digest
 from memgate.storage.vectors import VectorStore
 
 pytestmark = pytest.mark.unit
