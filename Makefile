@@ -27,6 +27,7 @@ test-fast: $(STAMP)
 check: $(STAMP)
 	$(BIN)/ruff check memgate tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.latency $(ARGS)
