@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memgate.runtime.actor import partition_of
+from memgate.bus import subjects
 from tests.conftest import eventually
 from tests.cluster import (
     NODES, STANDBYS, Agent, Node, agent_in_a_new_workspace, cluster_stores, start_cluster,
@@ -31,7 +31,7 @@ async def _agents_on_every_partition(through: Node) -> list[Agent]:
     agents: dict[str, Agent] = {}
     while len(agents) < PARTITIONS:
         ws, token = await agent_in_a_new_workspace(through)
-        agents.setdefault(partition_of(ws, PARTITIONS),
+        agents.setdefault(subjects.partition_of(ws, PARTITIONS),
                           Agent({"Authorization": f"Bearer {token}"}))
     return list(agents.values())
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from memgate.bus.subjects import Admin
-from memgate.bus import parse
+from memgate.bus import parse, subjects
 from memgate.contracts import Contract, Envelope
 from memgate.contracts.backup import AuditAppend
 from memgate.contracts.directory import MemberRequest
@@ -39,7 +39,7 @@ from memgate.ports.directory import BusDirectory
 from memgate.ports.ranking import BusRankers
 from memgate.ports.services import BusAudit, BusKeys, BusSessions
 from memgate.ports.storage import PartitionStorage
-from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial, partition_of
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Operator, Serial
 from memgate.policy.masking import mask
 from memgate.storage.erasure import ErasureStore, RequestRow
 
@@ -235,7 +235,7 @@ class ErasureActor(ActorBase):
                      ) -> dict[str, Held]:
         """Ask every layer but those on hold; `done(layer, held)` after each."""
         target = await self._target(row, erase=erase)
-        partition = partition_of(row.workspace_id, self._partitions)
+        partition = subjects.partition_of(row.workspace_id, self._partitions)
         counts: dict[str, Held] = {}
         stored: dict[str, SubjectCount] = {}
         for layer in self._layers.values():

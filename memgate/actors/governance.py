@@ -41,7 +41,7 @@ from memgate.ports.directory import BusDirectory, Directory, PrincipalCache
 from memgate.ports.registry import BusRegistry, Registry
 from memgate.ports.storage import BusStorage, Storage
 from memgate.ports.services import BusRecall
-from memgate.runtime.actor import ActorBase, Endpoint, Listener, Operator, partition_of
+from memgate.runtime.actor import ActorBase, Endpoint, Listener, Operator
 from memgate.storage.directory import hash_token
 from memgate.policy.idempotency import digest
 
@@ -148,7 +148,7 @@ class GovernanceActor(ActorBase):
         authorise(principal, scope)
         if self._partitions is not None:
             reply_header(subjects.PARTITION_HEADER,
-                         partition_of(principal.workspace_id, self._partitions))
+                         subjects.partition_of(principal.workspace_id, self._partitions))
         return principal
 
     async def _scope(self, principal: Principal, collection_id: str | None) -> list[str] | None:

@@ -28,7 +28,7 @@ from memgate.contracts.internal import Reaped, StoreReap
 from memgate.ports.bus import Requester
 from memgate.ports.directory import BusDirectory
 from memgate.ports.storage import PartitionStorage
-from memgate.runtime.actor import ActorBase, Endpoint, partition_of
+from memgate.runtime.actor import ActorBase, Endpoint
 from memgate.tasks import cancelled
 
 log = logging.getLogger("memgate.reaper")
@@ -77,7 +77,7 @@ class ReaperActor(ActorBase):
         retention = await self._directory.retention()
         by_partition: dict[str, dict[str, int]] = {p: {} for p in self._partitions}
         for workspace_id, days in retention.items():
-            by_partition[partition_of(workspace_id, self._count)][workspace_id] = days
+            by_partition[subjects.partition_of(workspace_id, self._count)][workspace_id] = days
         reaped = await asyncio.gather(*(
             self._storage[partition].reap(
                 StoreReap(now=now, retention_days=by_partition[partition]),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from memgate.cluster import fence
-from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial, partition_of
+from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
 from memgate.observe import metrics, tracing
 from memgate.runtime.batching import GroupCommit
 from memgate.runtime.compaction import Compactions
@@ -401,7 +401,7 @@ class StorageActor(ActorBase):
         try:
             for event in events:
                 tenant = event.workspace_id
-                if partition_of(tenant, self._partitions) != self.partition:
+                if subjects.partition_of(tenant, self._partitions) != self.partition:
                     continue
                 cascades: list[dict[str, Any]] = []
                 if isinstance(event, DocumentDeleted):
@@ -458,7 +458,7 @@ class StorageActor(ActorBase):
         command = parse(StoreReap, payload)
         cutoffs = {tenant: command.now - timedelta(days=days)
                    for tenant, days in command.retention_days.items()
-                   if partition_of(tenant, self._partitions) == self.partition}
+                   if subjects.partition_of(tenant, self._partitions) == self.partition}
 
         def event(tenant: str, owner: str, ids: list[str]) -> bytes:
             return MemoriesDeleted(partition=self.partition,

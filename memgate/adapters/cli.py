@@ -183,14 +183,12 @@ def actors(
         raise typer.BadParameter("give --nats or MEMGATE_NATS_URL", param_hint="--nats")
     cli_backup.readable(settings.data_dir)  # a newer format: refused before any actor opens it
     from memgate.app.serve import run_actors
-    from memgate.cluster.ownership import OwnedElsewhereError
-    from memgate.runtime.actor import hand_off_the_gil_promptly
+    from memgate.contracts.errors import UnavailableError  # OwnedElsewhereError
 
-    hand_off_the_gil_promptly()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(run_actors(settings, frozenset(only.split(","))))
-    except OwnedElsewhereError as refused:
+    except UnavailableError as refused:
         typer.echo(f"memgate actors: {refused}", err=True)
         raise typer.Exit(1) from None
 

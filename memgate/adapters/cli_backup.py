@@ -55,9 +55,8 @@ async def _dump(data_dir: Path, out: Path, *, mode: str, workspace: str | None,
                 nats_url: str | None, token: str | None) -> work.Written:
     from memgate.app import backup as work  # DuckDB and NATS: for these commands only
     from memgate.bus import BusClient
-    from memgate.storage.backup import mac_key
 
-    key = mac_key(data_dir / "keys", create=True) if mode == "backup" else None
+    key = work.mac_key(data_dir) if mode == "backup" else None
 
     if not work.is_running(data_dir):
         try:
@@ -159,10 +158,10 @@ def command(app: typer.Typer, operator: Any) -> None:
     @audit.command("verify")
     def verify(data_dir: DataDir) -> None:
         """Check the audit log's hash chain: exit 0 if intact, 1 naming the first bad entry."""
-        from memgate.storage import audit as audit_log
+        from memgate.app import backup as work
 
         readable(data_dir)
-        result = audit_log.verify(data_dir / "audit")
+        result = work.verify_audit(data_dir)
         if result.broken is None:
             typer.echo(json.dumps({"ok": True, "entries": result.entries, "head": result.head}))
             return

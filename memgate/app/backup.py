@@ -405,7 +405,17 @@ def read_export(path: Path, keys_from: Path) -> tuple[list[dict[str, Any]], int]
     return rows, gone
 
 
+def mac_key(data_dir: Path) -> bytes | None:
+    """The key a backup of `data_dir` is authenticated with (made on first use)."""
+    return backup.mac_key(data_dir / "keys", create=True)
+
+
+def verify_audit(data_dir: Path) -> audit.Verified:
+    """The audit log's hash chain of `data_dir`, checked (`storage.audit.verify`)."""
+    return audit.verify(data_dir / "audit")
+
+
 __all__ = [
     "BusDumper", "LocalDumper", "Restored", "RunningError", "Written", "is_running",
-    "read_export", "restore", "write_backup",
+    "mac_key", "read_export", "restore", "verify_audit", "write_backup",
 ]

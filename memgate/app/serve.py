@@ -34,6 +34,7 @@ from memgate.bus.streams import ensure_events_stream
 from memgate.cluster.ownership import Disk, owned, settle_homes, until_jetstream_answers
 from memgate.cluster.replication import movable
 from memgate.observe import exposition
+from memgate.runtime.actor import hand_off_the_gil_promptly
 
 STOP_MARGIN_S = 10.0  # beyond the request timeout, for a child to close its files
 
@@ -176,6 +177,7 @@ async def serve_in_process(settings: Settings, *, inherit: tuple[int, ...] = ())
 
 async def run_actors(settings: Settings, only: frozenset[str]) -> None:
     """Some actors, joined to an existing NATS: how memgate scales out, one kind at a time."""
+    hand_off_the_gil_promptly()
     stop = _stop_on_signals()
 
     async def on_lost() -> None:  # a lease gone: commit nothing more, and stop

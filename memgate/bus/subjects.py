@@ -6,6 +6,7 @@ and governance runs on them. Everything under `mem.int.*` and `mem.evt.*` is int
 
 from __future__ import annotations
 
+import zlib
 from typing import Final
 
 REMEMBER: Final = "mem.cmd.remember"
@@ -178,3 +179,8 @@ def replica(operation: str) -> str:
 
 def ready(actor: str) -> str:
     return f"mem.int.ready.{actor}"
+
+
+def partition_of(workspace_id: str, partitions: int) -> str:
+    """The storage partition that owns a workspace (stable, so data never moves by itself)."""
+    return f"p{zlib.crc32(workspace_id.encode()) % partitions}"

@@ -8,7 +8,6 @@ from memgate.bus import subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.internal import RankRequest, Ranking
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import partition_of
 
 
 class Rankers(Protocol):
@@ -35,14 +34,14 @@ class BusRankers:
         self._partitions = partitions
 
     async def bm25(self, request: RankRequest) -> Ranking:
-        partition = partition_of(request.filters.owner.tenant, self._partitions)
+        partition = subjects.partition_of(request.filters.owner.tenant, self._partitions)
         return await self._bus.request(subjects.index(partition, "rank"), request, Ranking)
 
     async def cosine(self, request: RankRequest) -> Ranking:
-        partition = partition_of(request.filters.owner.tenant, self._partitions)
+        partition = subjects.partition_of(request.filters.owner.tenant, self._partitions)
         return await self._bus.request(subjects.embed(partition, "rank"), request, Ranking)
 
     async def drop(self, drop: Drop) -> list[SubjectCount]:
-        partition = partition_of(drop.owner.tenant, self._partitions)
+        partition = subjects.partition_of(drop.owner.tenant, self._partitions)
         return [await self._bus.request(subjects.index(partition, "drop"), drop, SubjectCount),
                 await self._bus.request(subjects.embed(partition, "drop"), drop, SubjectCount)]

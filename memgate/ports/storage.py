@@ -15,7 +15,6 @@ from memgate.contracts.internal import (
     StoreImport, StoreRemember, StoreRememberAll, Texts, TextsRequest,
 )
 from memgate.ports.bus import Requester
-from memgate.runtime.actor import partition_of
 
 
 class Storage(Protocol):
@@ -53,7 +52,7 @@ class BusStorage:
         self._partitions = partitions
 
     def _subject(self, tenant: str, operation: str) -> str:
-        return subjects.store(partition_of(tenant, self._partitions), operation)
+        return subjects.store(subjects.partition_of(tenant, self._partitions), operation)
 
     async def remember(self, command: StoreRemember) -> RememberResult:
         return await self._bus.request(self._subject(command.owner.tenant, "remember"), command,

@@ -2,8 +2,8 @@
 readiness."""
 
 from memgate.runtime.actor import (
-    Actor, ActorBase, Endpoint, Opened, Serial, answered, partition_of, readiness,
+    Actor, ActorBase, Endpoint, Opened, Serial, answered, readiness,
 )
 
 __all__ = ["Actor", "ActorBase", "Endpoint", "Opened", "Serial", "answered",
-           "partition_of", "readiness"]
+           "readiness"]

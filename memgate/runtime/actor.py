@@ -9,7 +9,6 @@ import os
 import secrets
 import sys
 import threading
-import zlib
 from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar, overload
@@ -171,11 +170,6 @@ def _fenced(fn: Callable[..., R], *args: object) -> R:
     return fn(*args)
 
 
-def partition_of(workspace_id: str, partitions: int) -> str:
-    """The storage partition that owns a workspace (stable, so data never moves by itself)."""
-    return f"p{zlib.crc32(workspace_id.encode()) % partitions}"
-
-
 EnvelopeHandler = Callable[[Envelope], Awaitable[Contract]]
 
 
@@ -227,4 +221,4 @@ def readiness(name: str) -> Endpoint:
 
 
 __all__ = ["Actor", "ActorBase", "Endpoint", "EnvelopeHandler", "Listener", "Opened", "Operator",
-           "Serial", "answered", "routed", "enveloped", "ok_bytes", "partition_of", "readiness"]
+           "Serial", "answered", "routed", "enveloped", "ok_bytes", "readiness"]
