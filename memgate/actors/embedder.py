@@ -134,7 +134,7 @@ class EmbedderActor(ActorBase):
         await self._model_thread(self._embedder.embed, ["warm up"])  # first run allocates
         self.vectors = await self._store_thread(VectorStore, self._path)
         # queries on the urgent thread: a rank waits for its query (the background yields)
-        self._batcher = Batcher(self._embedder, self._urgent_thread, self._batch)
+        self._batcher = Batcher(self._embedder.embed, self._urgent_thread, self._batch)
         self._batcher.start()
         self._urgent = asyncio.create_task(self._urgent_lane(), name=f"{self.name}.urgent")
         await self._events.start()

@@ -125,7 +125,7 @@ class RecallActor(ActorBase):
     async def start(self) -> None:
         encoder = await self._thread(self._load)
         await self._thread(encoder.embed, ["warm up"])  # the first run allocates
-        self._batcher = Batcher(encoder, self._thread, self._batch)
+        self._batcher = Batcher(encoder.embed, self._thread, self._batch)
         self._batcher.start()
 
     async def stop(self) -> None:

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from faststream.nats import JStream
 from nats.aio.client import Client as NatsClient
@@ -30,11 +30,16 @@ from memgate.contracts.errors import UnavailableError
 from memgate.observe import metrics
 from memgate.tasks import cancelled
 
-if TYPE_CHECKING:  # the port EventPublisher implements (ports imports bus: no runtime import)
-    from memgate.ports.bus import Publisher
-
 log = logging.getLogger("memgate.bus")
 T = TypeVar("T")
+
+
+class Publisher(Protocol):
+    """The events stream as the outbox relay sees it; `msg_id` makes a re-publish harmless
+    (`EventPublisher` over JetStream; the port actors take, `ports.bus`)."""
+
+    async def ensure_stream(self) -> None: ...
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None: ...
 
 JETSTREAM_WAIT_S = 90.0
 # a replicated stream asked for before the cluster's leader knows enough of its servers

@@ -6,18 +6,21 @@ the versions it lacks embedded meanwhile) starts one text's run after the model 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from memgate.ports.embedder import Embedder
-from memgate.runtime.actor import Serial
 from memgate.tasks import cancelled
+
+Embed = Callable[[list[str]], np.ndarray]  # a model's `embed`: blocking, one row per text
+Run = Callable[[Callable[[], np.ndarray]], Awaitable[np.ndarray]]  # on the model's thread
 
 
 class Batcher:
-    """Coalesces concurrent `embed(text)` calls into batches of up to `size`."""
+    """Coalesces concurrent `embed(text)` calls into batches of up to `size`: each batch is
+    `run` (on the model's thread: `runtime.Serial`), calling `embed` once per text."""
 
-    def __init__(self, embed: Embedder, run: Serial, size: int) -> None:
+    def __init__(self, embed: Embed, run: Run, size: int) -> None:
         self._embed = embed
         self._run = run
         self._size = size
@@ -46,8 +49,8 @@ class Batcher:
                 """On the model's thread: each vector but the last handed back as made (a
                 wake-up of the loop each: the last comes with the call's own)."""
                 for text, future in batch[:-1]:
-                    loop.call_soon_threadsafe(_resolve, future, self._embed.embed([text])[0])
-                last: np.ndarray = self._embed.embed([batch[-1][0]])[0]
+                    loop.call_soon_threadsafe(_resolve, future, self._embed([text])[0])
+                last: np.ndarray = self._embed([batch[-1][0]])[0]
                 return last
 
             try:

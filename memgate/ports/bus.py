@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
+from memgate.bus.streams import Publisher  # defined beside the relay that takes it
 from memgate.contracts import Contract
 
 T = TypeVar("T", bound=Contract)
@@ -49,8 +50,4 @@ class Bus(Requester, Consumers, Protocol):
     """Both: what an actor that asks and consumes events needs (indexer, embedder, storage)."""
 
 
-class Publisher(Protocol):
-    """The events stream as the outbox relay sees it; `msg_id` makes a re-publish harmless."""
-
-    async def ensure_stream(self) -> None: ...
-    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None: ...
+__all__ = ["BatchHandler", "Bus", "Consumer", "Consumers", "Publisher", "Requester"]

@@ -33,7 +33,7 @@ class HeldAfterFirst:
 
 async def test_a_vector_is_handed_back_before_the_rest_of_its_batch_is_made() -> None:
     model, thread = HeldAfterFirst(), Serial("test.model")
-    batcher = Batcher(model, thread, size=8)
+    batcher = Batcher(model.embed, thread, size=8)
     batcher.start()
     try:
         first, second = (asyncio.ensure_future(batcher.embed(text)) for text in ("a", "b"))
