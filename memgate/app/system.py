@@ -44,6 +44,7 @@ from memgate.bus.replies import Handler
 from memgate.bus.connections import KindConnections, NatsBroker
 from memgate.bus.logins import ADAPTER, PUBLIC_COMMANDS, ROLES, inbox_prefix, kind_of
 from memgate.bus.server import ClusterSpec, Login, server_config
+from memgate.policy import llm_origins
 from memgate.policy.lifecycle import Rules
 from memgate.ports.bus import Requester
 from memgate.ports.llm import HttpChat
@@ -141,8 +142,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         "governance": governance,
         "space-memories": lambda: SpaceMemoriesActor.on_bus(
             asks("space-memories"), partitions=settings.partitions,
-            chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s,
-                          origins=settings.allowed_llm_origins()),
+            chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s, allowed=partial(
+                llm_origins.allowed, origins=settings.allowed_llm_origins())),
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
         "cluster": lambda: ClusterActor(
             js=lambda: kinds.jetstream("cluster"), bus=bus("cluster"),

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
 
 from memgate.contracts.errors import UnavailableError, UnprocessableError
-from memgate.policy.llm_origins import Origin, allowed
 
 ANSWER_MAX_BYTES = 1024 * 1024
 
@@ -41,9 +40,12 @@ class HttpChat:
     """`ChatModel` over HTTP (httpx): one connection pool, a deadline per request, no
     redirects followed (the allowlisted host is the only one asked)."""
 
-    def __init__(self, *, timeout_s: float, origins: Sequence[Origin] = ()) -> None:
+    def __init__(self, *, timeout_s: float,
+                 allowed: Callable[[str], bool] = lambda base_url: False) -> None:
+        """`allowed`: whether memgate may post to a base URL (the operator's allowlist,
+        `policy.llm_origins`); none without one."""
         self._timeout = timeout_s
-        self._origins = tuple(origins)
+        self._allowed = allowed
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
@@ -58,7 +60,7 @@ class HttpChat:
     async def complete(self, base_url: str, model: str, messages: list[dict[str, str]],
                        *, timeout_s: float | None = None) -> str:
         assert self._client is not None, "start() first"
-        if not allowed(base_url, self._origins):
+        if not self._allowed(base_url):
             raise UnprocessableError("the space's llmBaseUrl is not at an origin the operator "
                                      "allows", {"field": "llmBaseUrl"})
         timeout = timeout_s or self._timeout
