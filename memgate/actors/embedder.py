@@ -65,10 +65,9 @@ MODEL_THREADS = 1
 # ack_wait).
 EVENT_BATCH = 128
 # Texts per model call in the background: a waiting recall's versions go first, and those it
-# finds in the background's batch under way wait for that batch (4 texts, on a thread 10 nice
-# levels down: up to 0.3 s on a loaded machine, where 16 took 1.2 s); a hop to the model thread
-# costs ~0.1 ms, so small batches cost the background little (16 vs 128 texts a call: the same
-# throughput, docs/DECISIONS.md).
+# finds in the background's batch under way wait for that batch, so it is small; a hop to the
+# model thread is cheap beside a text's run, so small batches cost the background little
+# (measured: docs/DECISIONS.md, "Read-your-writes at any backlog").
 BACKGROUND_BATCH = 4
 # While this embedder answers a rank (a recall waits for it), the background model thread waits
 # before its next batch, `YIELD_MAX_S` at most, so a burst's backlog takes no core from the
