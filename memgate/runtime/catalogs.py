@@ -1,18 +1,29 @@
-"""The owners' catalogs an indexer or embedder keeps in memory (`storage.catalog.Catalog`)."""
+"""The owners' catalogs an indexer or embedder keeps in memory (`storage.catalog.Catalog`,
+or anything that says how far it is loaded)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 from memgate.contracts.internal import Owner
-from memgate.storage.catalog import Catalog
 
 KEPT = 256  # owners whose catalogs stay in memory (as the indexer's open indexes)
 
 
-class Catalogs:
+class Loaded(Protocol):
+    """A catalog as the cache sees it: loaded yet, and up to which of the owner's seqs."""
+
+    loaded: bool
+    seq: int
+
+
+Catalog = TypeVar("Catalog", bound=Loaded)
+
+
+class Catalogs(Generic[Catalog]):
     """At most `kept` owners' catalogs, the least recently caught up dropped first, each with
     a lock under which it is caught up with storage (one load per owner at a time)."""
 
@@ -48,4 +59,4 @@ class Catalogs:
             self._held.popitem(last=False)
 
 
-__all__ = ["Catalogs"]
+__all__ = ["Catalogs", "Loaded"]

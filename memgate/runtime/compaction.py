@@ -19,11 +19,20 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from memgate.runtime.actor import Serial
-from memgate.storage.compaction import Rewritable
 
 log = logging.getLogger("memgate.compaction")
+
+
+class Rewritable(Protocol):
+    """A store whose deletions leave its file for a rewrite (`storage.compaction.Rewritable`)."""
+
+    deletions_pending: bool
+
+    def compact(self) -> None:
+        """Rewrite the file with only its live rows."""
 
 
 class _Run:
