@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -78,9 +79,13 @@ PENDING_AT_MOST = 2_000  # units a standby holds unapplied before it applies the
 # answer (a 3-node remember p50 8.0 → 5.7 ms; docs/DECISIONS.md, "A standby applies what it
 # holds 0.1 s later")
 APPLY_AFTER_S = 0.1
-# The statements that change nothing in the file: not shipped.
-_READS = ("SELECT", "CHECKPOINT", "FORCE", "SET", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN",
-          "ATTACH", "DETACH", "USE", "SUMMARIZE", "FROM", "WITH")
+# The statements that change nothing in the file, as DuckDB's own parser types them (a `WITH …
+# DELETE` is a DELETE): not shipped. Any other type is (a read shipped costs a re-run, a write
+# missed a copy that differs).
+_READS = frozenset({
+    duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.PRAGMA,
+    duckdb.StatementType.SET, duckdb.StatementType.CALL, duckdb.StatementType.ATTACH,
+    duckdb.StatementType.DETACH, duckdb.StatementType.TRANSACTION})
 
 _FILES = {"directory": ("directory.duckdb",), "registry": ("registry.duckdb",),
           "spaces": ("spaces.duckdb",), "sessions": ("sessions.duckdb",),
@@ -163,13 +168,21 @@ class Recording:
         result = self.raw.execute(sql, parameters) if parameters is not None else \
             self.raw.execute(sql)
         if _writes(sql):
-            tx = getattr(_local, "tx", None)
-            statement = (sql, list(parameters or []))
-            if tx is not None:
-                tx.append(statement)
-            else:
-                _committed((self._file, [statement]))
+            self._noted([(sql, list(parameters or []))])
         return result
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        result = self.raw.executemany(sql, rows)
+        if _writes(sql):
+            self._noted([(sql, list(row)) for row in rows])
+        return result
+
+    def _noted(self, statements: list[tuple[str, list[Any]]]) -> None:
+        tx = getattr(_local, "tx", None)
+        if tx is not None:
+            tx.extend(statements)
+        else:
+            _committed((self._file, statements))
 
     def begin(self) -> Any:
         _local.tx = []
@@ -187,11 +200,9 @@ class Recording:
         return self.raw.rollback()
 
 
+@functools.lru_cache(maxsize=1024)  # the stores' statements are constants: parsed once each
 def _writes(sql: str) -> bool:
-    text = sql.lstrip()
-    while text.startswith("--"):
-        text = text.split("\n", 1)[1].lstrip() if "\n" in text else ""
-    return bool(text) and not text[:12].upper().startswith(_READS)
+    return any(statement.type not in _READS for statement in duckdb.extract_statements(sql))
 
 
 def _committed(unit: Unit) -> None:

@@ -143,3 +143,46 @@ def test_an_imports_rows_and_its_idempotency_records_reach_the_copy(
     assert len(rows(standby, "idempotency")) == 1001
     store.close()
     standby.close()
+
+
+def test_a_registrys_passages_and_a_with_delete_reach_the_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write is recorded, whatever its call or its first keyword: the registry's
+    passages go in by `executemany`, and a `WITH … DELETE` deletes. Before, neither was
+    shipped: a promoted registry had documents without passages (issue 47)."""
+    from memgate.storage.registry import RegistryStore
+
+    monkeypatch.setattr(replication, "_root", tmp_path.resolve())
+    owner, copy = tmp_path / "registry.duckdb", tmp_path / "copy" / "registry.duckdb"
+    store = RegistryStore(owner)
+    store.connection.execute("CHECKPOINT")
+    copy.parent.mkdir()
+    shutil.copy(owner, copy)
+
+    units: list[replication.Unit] = []
+    collection, exc, committed = replication.journaled(store.create_collection, "ws", "docs")
+    units += committed
+    for document in ("d1", "d2"):
+        _, exc, committed = replication.journaled(
+            lambda d=document: store.put_document(
+                "ws", d, collection_id=str(collection), expires_at=None, restricted=False,
+                passages=[(f"{d}-p{n}", f"sha{n}", {}) for n in range(3)],
+                event_subject="documents", event=b"{}"))
+        assert exc is None
+        units += committed
+    _, exc, committed = replication.journaled(lambda: store.connection.execute(
+        "WITH gone AS (SELECT 'd2' AS id) DELETE FROM passages WHERE document_id IN "
+        "(SELECT id FROM gone) AND passage_id = 'd2-p0'"))
+    assert exc is None
+    units += committed
+
+    standby = compaction.plain(copy)
+    standby.begin()
+    for sql, parameters in replication.merged(statements_of(units)):
+        standby.execute(sql, parameters) if parameters else standby.execute(sql)
+    standby.commit()
+    assert len(rows(standby, "passages")) == 5
+    for table in ("collections", "documents", "passages", "outbox"):
+        assert rows(standby, table) == rows(store.connection, table), table
+    store.close()
+    standby.close()
