@@ -237,7 +237,6 @@ def cluster_status(
         standbys = ", ".join(
             f"{s.node} {'in sync' if s.in_sync else 'copying'}"
             f"{f' {s.behind} behind' if s.behind else ''}"
-            f"{f' {s.unapplied} unapplied' if s.unapplied else ''}"
             for s in store.standbys or [])
         table.add_row(store.name, store.home or "-", store.served_by or "nobody",
                       "-" if store.epoch is None else str(store.epoch), store.process or "-",

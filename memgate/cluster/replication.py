@@ -13,10 +13,12 @@ Every batch names the lease epoch it was made under and its sequence number; a s
 another epoch and any gap. A standby that does not answer in time is recorded out of sync in the
 `MEMGATE_STANDBYS` bucket (by the owner, before it answers anyone), and may not be promoted.
 
-A standby (`Standby`, on every other node of a clustered `memgate up`) first deletes whatever
-copy its disk holds of the store (stale: written before it was down, or under another owner),
-then, while the owner keeps fewer in-sync standbys than `Settings.standbys` (or to take the
-store over, `cluster.balance`), joins: the owner checkpoints and copies its files (between two
+A standby (`Standby`, on every other node of a clustered `memgate up`) answers a batch once its
+files hold it. The copy its disk holds when its process starts is in sync if the store's record
+still names this node, whether the process stopped or was killed; any other copy is kept,
+unserved, until another node serves the store (it may be the newest one left), then deleted.
+While the owner keeps fewer in-sync standbys than `Settings.standbys` (or to take the store
+over, `cluster.balance`), a standby joins: the owner checkpoints and copies its files (between two
 jobs of its thread), the standby fetches them in pages, and the owner sends the batches that
 committed meanwhile before it records the standby in sync. When the lease is gone (its owner
 dead or cut off: it fenced itself first) an in-sync standby moves the store's home to its own
@@ -73,12 +75,6 @@ HANDOVER_S = 3.0  # how long the standby a drain names has to take the store ove
 RESTART_S = 12.0  # how long a process that gave its leases up has to claim them back
 KEPT_CHECK_S = 15.0  # how long a copy kept across a restart waits to read its store's record
 WAITING_AT_MOST = 10_000  # batches kept for a joining standby that has not said it is ready
-PENDING_AT_MOST = 2_000  # units a standby holds unapplied before it applies them as they come
-# How long a standby holds what it answered for before applying it, with all that arrives
-# meanwhile: applied at once, each batch's DuckDB work took the GIL and a core from the next
-# answer (a 3-node remember p50 8.0 → 5.7 ms; docs/DECISIONS.md, "A standby applies what it
-# holds 0.1 s later")
-APPLY_AFTER_S = 0.1
 # The statements that change nothing in the file, as DuckDB's own parser types them (a `WITH …
 # DELETE` is a DELETE): not shipped. Any other type is (a read shipped costs a re-run, a write
 # missed a copy that differs).
@@ -361,7 +357,6 @@ def decode_batch(payload: bytes) -> tuple[int, int, list[Unit]]:
 
 class Applied(Contract):
     seq: int
-    unapplied: int = 0  # units the standby holds and has not applied to its files yet
 
 
 class Join(Contract):
@@ -444,7 +439,6 @@ class _Follower:
     after: int  # the batches up to this seq are in its copy
     waiting: list[bytes] | None = field(default_factory=list)  # None: in sync, sent at once
     snapshot: Path | None = None
-    unapplied: int = 0  # what it said it held unapplied, at its last answer
     wanted: bool = False  # joined to take the store over, beyond the standbys wanted
 
 
@@ -538,19 +532,16 @@ class Primary:
         await self._record_out()
 
     async def _apply(self, node: str, batch: bytes) -> None:
-        applied = await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
-                                          timeout=self._timeout_s)
-        if (follower := self._followers.get(node)) is not None:
-            follower.unapplied = applied.unapplied
+        await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
+                                timeout=self._timeout_s)
 
     async def lag(self, payload: bytes) -> Lag:
-        """Each standby: in sync or not, the batches it does not hold yet, and what it holds
-        but has not applied to its files (for the operator's view)."""
+        """Each standby: in sync or not, and the batches it does not hold yet (for the
+        operator's view)."""
         return Lag(standbys=[StandbyLag(
             node=f.node, in_sync=f.node in self._in_sync,
-            behind=self._numbered - (f.after if f.waiting is not None else self._shipped),
-            unapplied=f.unapplied) for f in sorted(self._followers.values(),
-                                                    key=lambda f: f.node)])
+            behind=self._numbered - (f.after if f.waiting is not None else self._shipped))
+            for f in sorted(self._followers.values(), key=lambda f: f.node)])
 
     def _drop(self, node: str) -> None:
         follower = self._followers.pop(node, None)
@@ -805,10 +796,8 @@ class Standby:
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._thread = _Thread(self.name)
-        self._pending: list[Unit] = []  # received in order and answered, not yet applied
+        self._pending: list[Unit] = []  # received in order, waiting for the apply before them
         self._applying = asyncio.Lock()
-        self._drain_task: asyncio.Task[None] | None = None
-        self._kept: tuple[int, int] | None = None  # (epoch, seq) of a copy left in step
 
     def endpoints(self) -> list[Endpoint]:
         if rebuilt(self.store):
@@ -816,11 +805,13 @@ class Standby:
         return [Endpoint(subject(self.store, f"apply.{self._node}"), self.apply)]
 
     async def start(self) -> None:
-        self._kept = await self._thread(self._take_mark)
-        if self._kept is None:
-            await self._discard()  # stale: never served, never promoted from
+        mark = await self._thread(self._take_mark)
+        if rebuilt(self.store):
+            await self._discard()  # made again wherever it is served: nothing to keep
+        else:  # kept, unserved, until `_check_kept` and `_watch` say what it is
+            self._copied = any(path.exists() for path in self._paths())
         _standbys[self.store] = self
-        self._task = asyncio.create_task(self._follow(), name=self.name)
+        self._task = asyncio.create_task(self._follow(mark), name=self.name)
 
     def pull(self, epoch: int) -> None:
         """Copy the store (beyond the standbys its owner keeps) to take it over from the owner
@@ -828,14 +819,12 @@ class Standby:
         self._pulling = epoch
 
     async def stop(self) -> None:
-        """A copy in step is left with every batch it answered for applied and marked so
-        (`_check_kept`); any other is deleted when this process starts again."""
+        """A copy in step is left with every batch it answered for applied and marked so, its
+        owner may go on shipping to it when this process starts again (`_check_kept`)."""
         if _standbys.get(self.store) is self:
             del _standbys[self.store]
         epoch, self._epoch = self._epoch, 0  # from here on every batch is refused
         await cancelled(self._task)
-        if self._drain_task is not None:
-            await asyncio.gather(self._drain_task, return_exceptions=True)
         in_step = bool(epoch) and self._copied and not rebuilt(self.store)
         if in_step:
             try:
@@ -867,14 +856,19 @@ class Standby:
             path.unlink(missing_ok=True)
         return int(mark["epoch"]), int(mark["seq"])
 
-    async def _check_kept(self, epoch: int, seq: int) -> None:
-        """The copy this node's process left in step when it stopped is kept if the store's
-        record still names this node in sync under that epoch: its owner shipped nothing
-        since (a batch sent to a process that is gone fails, and the owner records it out of
-        sync before it answers anyone). Then it may be promoted at once, should its owner be
-        gone too: a process that stops while its node keeps a store's only in-sync copy
-        (one that lost a lease of its own, say) no longer leaves the store waiting for its
-        owner. Otherwise, or if the record cannot be read in `KEPT_CHECK_S`, it is deleted."""
+    async def _check_kept(self, mark: tuple[int, int] | None) -> None:
+        """A copy this disk held when this process started is in sync if the store's record
+        still names this node: its files hold every batch the owner acknowledged (a standby
+        answers once they do; a batch sent to a process that is gone fails, and the owner
+        records it out of sync before it answers anyone). Then it may be promoted at once,
+        should its owner be gone too, whether this node's process stopped cleanly or was
+        killed outright. `mark` (epoch, batch) is where a clean stop left it: its owner may
+        go on shipping to it; without it, the next batch is refused and it copies the store
+        again. Any other copy is kept, unserved and never promoted, until another node serves
+        the store (`_watch` deletes it then): it may be the newest one left, its owner's disk
+        lost (issue 47: a restarted standby deleted the last copy of a store)."""
+        if not self._copied or rebuilt(self.store):
+            return
         record: InSync | None = None
         deadline = time.monotonic() + KEPT_CHECK_S
         while True:
@@ -887,14 +881,15 @@ class Standby:
                     log.info("%s: its record could not be read (%s)", self.name, _reason(exc))
                     break
                 await asyncio.sleep(WATCH_EVERY_S)
-        self._kept = None
-        if record is None or record.epoch != epoch or self._node not in record.nodes:
-            await self._discard()
+        if record is None or self._node not in record.nodes:
+            log.info("%s: a copy not in sync is kept, unserved, until another node serves "
+                     "the store", self.name)
             return
         await self._thread(self._open)
-        self._epoch, self._seq, self._copied = epoch, seq, True
+        self._epoch = record.epoch
+        self._seq = mark[1] if mark is not None and mark[0] == record.epoch else -1
         log.info("%s: kept its copy, in sync with its owner (epoch %s, batch %s)", self.name,
-                 epoch, seq)
+                 self._epoch, self._seq)
 
     async def _discard(self) -> None:
         """The copy deleted, with what was received for it and not yet applied."""
@@ -928,12 +923,10 @@ class Standby:
                 stale.unlink(missing_ok=True)
 
     async def apply(self, payload: bytes) -> Applied:
-        """A batch received in order: answered once held here, applied to the files in the
-        background `APPLY_AFTER_S` later, with those that followed (one transaction for all).
-        A batch that rewrites a file or writes a plain one (a deletion's rewrite, a key
-        shredded) is applied with everything before it before it is answered: erased bytes
-        leave this copy's files before the owner answers anyone (docs/DECISIONS.md, "A standby
-        answers once it holds a batch")."""
+        """A batch received in order, answered once it is in this copy's files: what the owner
+        acknowledges is on every in-sync standby's disk, and a standby killed outright keeps
+        it. Batches that arrive while one is applied are applied together after it (one
+        transaction per file), each answered then."""
         epoch, seq, units = decode_batch(payload)
         if not self._epoch or epoch != self._epoch or seq != self._seq + 1:
             self._epoch = 0  # out of step: it copies the store again
@@ -941,13 +934,11 @@ class Standby:
                                 {"store": self.store})
         self._seq = seq
         self._pending.extend(units)
-        if len(self._pending) >= PENDING_AT_MOST or \
-                any(not isinstance(statements, list) for _, statements in units):
-            await self.drained()
-        elif self._drain_task is None or self._drain_task.done():
-            self._drain_task = asyncio.create_task(self._drain_later(),
-                                                   name=f"{self.name}.apply")
-        return Applied(seq=seq, unapplied=len(self._pending))
+        await self.drained()
+        if self._epoch != epoch:  # it failed, in this apply or in one that took this batch
+            raise ConflictError("this standby could not apply the batch: it copies the store "
+                                "again", {"store": self.store})
+        return Applied(seq=seq)
 
     async def drained(self) -> None:
         """Every batch received so far applied to the files; out of step if one failed."""
@@ -962,14 +953,6 @@ class Standby:
                     log.warning("%s: %d units could not be applied (%s)", self.name,
                                 len(units), _reason(exc))
                     raise
-
-    async def _drain_later(self) -> None:
-        await asyncio.sleep(APPLY_AFTER_S)
-        try:
-            await self.drained()
-        except Exception as exc:
-            log.warning("%s: a batch could not be applied (%s): out of step", self.name,
-                        _reason(exc))
 
     def _apply(self, units: list[Unit]) -> None:
         """The units in order; the statements of consecutive units on one file in one
@@ -1008,10 +991,9 @@ class Standby:
                 open_tx.rollback()
             raise
 
-    async def _follow(self) -> None:
+    async def _follow(self, mark: tuple[int, int] | None) -> None:
         """Join, then watch: promote when the owner is gone, copy again when out of step."""
-        if self._kept is not None:
-            await self._check_kept(*self._kept)
+        await self._check_kept(mark)
         while True:
             try:
                 if await self._watch():

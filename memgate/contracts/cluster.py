@@ -8,14 +8,13 @@ from memgate.contracts.base import Contract
 
 
 class StandbyLag(Contract):
-    """A standby of a store, as its owner sees it: in sync (it holds every batch the owner
-    acknowledged), the batches it does not hold yet (a joining standby: those committed since
-    its copy), and the units it holds but has not applied to its files yet."""
+    """A standby of a store, as its owner sees it: in sync (its files hold every batch the
+    owner acknowledged), and the batches it does not hold yet (a joining standby: those
+    committed since its copy)."""
 
     node: str
     in_sync: bool
     behind: int
-    unapplied: int
 
 
 class Lag(Contract):

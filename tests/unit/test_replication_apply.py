@@ -4,6 +4,7 @@ applied to a copy of its file at once (as a standby applies what a tenth of a se
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import uuid
 from dataclasses import replace
@@ -186,3 +187,37 @@ def test_a_registrys_passages_and_a_with_delete_reach_the_copy(
         assert rows(standby, table) == rows(store.connection, table), table
     store.close()
     standby.close()
+
+
+async def test_a_standby_answers_a_batch_once_its_files_hold_it(tmp_path: Path) -> None:
+    """What the owner acknowledges is on the standby's disk when it answers, so a standby
+    killed outright keeps it. Before, it answered holding the batch in memory and applied it
+    0.1 s later (issue 47)."""
+    file = "registry.duckdb"
+    db = duckdb.connect(str(tmp_path / file))
+    db.execute("CREATE TABLE t (n INTEGER)")
+    db.close()
+
+    async def nothing() -> None:
+        return None
+
+    standby = replication.Standby("registry", node="b", bus=None,  # type: ignore[arg-type]
+                                  js=lambda: None,  # type: ignore[arg-type,return-value]
+                                  data_dir=tmp_path, become=nothing, disk_home={})
+    await standby._thread(standby._open)
+    standby._epoch, standby._seq = 7, 0
+    batches = [replication.encode_batch(7, seq, [(file, [("INSERT INTO t VALUES (?)", [seq])])])
+               for seq in (1, 2, 3)]
+    for seq, batch in enumerate(batches, 1):
+        assert (await standby.apply(batch)).seq == seq
+        held = await standby._thread(
+            lambda: standby._db[file].execute("SELECT count(*) FROM t").fetchone())
+        assert held == (seq,)
+    # batches that come while one is applied are answered once all are in the files
+    more = [replication.encode_batch(7, seq, [(file, [("INSERT INTO t VALUES (?)", [seq])])])
+            for seq in (4, 5, 6)]
+    await asyncio.gather(*(standby.apply(batch) for batch in more))
+    assert await standby._thread(
+        lambda: standby._db[file].execute("SELECT count(*) FROM t").fetchone()) == (6,)
+    await standby._thread(standby._close)
+    standby._thread.shutdown()
