@@ -94,12 +94,14 @@ async def _gone(pid: int) -> bool:
 
 
 class Agent:
-    """One agent's remembers through a node, and what was acknowledged."""
+    """One agent's remembers through a node: what was acknowledged, and what was refused
+    (503: not written) and not acknowledged since."""
 
     def __init__(self, headers: dict[str, str]) -> None:
         self.headers = headers
         self.acked: dict[str, str] = {}
         self.sent: set[str] = set()
+        self.refused: set[str] = set()
 
     async def remember(self, through: Node, text: str) -> bool:
         self.sent.add(text)
@@ -109,9 +111,12 @@ class Agent:
                                              json={"namespace": "n", "text": text}, timeout=15)
         except httpx.TransportError:
             return False
+        if answer.status_code == 503:
+            self.refused.add(text)
         if answer.status_code != 200:
             return False
         self.acked[answer.json()["memoryId"]] = text
+        self.refused.discard(text)  # sent again (`until`) and written this time
         return True
 
     async def load(self, through: Node, stop: asyncio.Event) -> None:
@@ -135,10 +140,12 @@ class Agent:
 
     async def all_kept(self, through: Node) -> None:
         """Every acknowledged memory listed once; nothing listed that was not sent (a write
-        whose answer was lost in the failover may be kept, never made up)."""
+        whose answer was lost in the failover may be kept, never made up) or was answered
+        503 (not written)."""
         found = await self.listed(through)
         assert self.acked.items() <= found.items()
         assert set(found.values()) <= self.sent
+        assert not set(found.values()) & self.refused
 
 
 ELECTION_S = 30.0  # JetStream electing the leaders a killed node led (4-9 s each), and more

@@ -21,6 +21,7 @@ import duckdb
 import nats
 import pytest
 from nats.js.client import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError
 
 from memgate.bus.server import EmbeddedNats
 from memgate.cluster import replication
@@ -90,11 +91,18 @@ async def record(js: JetStreamContext, epoch: int, nodes: list[str], home: dict[
     await (await homes_bucket(js)).put(STORE, json.dumps(home).encode())
 
 
+@pytest.mark.parametrize("in_sync", [
+    # its owner (node a, whose disk is lost) recorded it out of sync
+    replication.InSync(epoch=3, nodes=[]),
+    # or named node b in sync with another disk: b's data directory was made afresh since
+    replication.InSync(epoch=3, nodes=["b"], disks={"b": "disk-b-before"})],
+    ids=["out-of-sync", "another-disk"])
 async def test_a_copy_not_in_sync_is_kept_while_nobody_serves_the_store(
-        tmp_path: Path, js: JetStreamContext) -> None:
+        tmp_path: Path, js: JetStreamContext, in_sync: replication.InSync) -> None:
     path = a_copy(tmp_path / "b", rows=94)
-    # its owner (node a, whose disk is lost) recorded it out of sync; nobody holds the lease
+    # nobody holds the lease
     await record(js, epoch=3, nodes=[], home={"node": "a", "disk": "disk-a"})
+    await (await replication.standbys_bucket(js)).put(STORE, in_sync.to_json())
     became: list[str] = []
     standby = await started(tmp_path / "b", js, became)
     try:
@@ -115,10 +123,24 @@ async def test_a_copy_not_in_sync_is_kept_while_nobody_serves_the_store(
         await standby.stop()
 
 
+@pytest.mark.parametrize(("in_sync", "rows"), [
+    # the owner's last word: b (this disk) is in sync
+    (replication.InSync(epoch=3, nodes=["b"], disks={"b": HOME["disk"]}), 685),
+    # or was, until it died: its owner, left with no standby, acknowledged nothing since
+    (replication.InSync(epoch=3, nodes=[], kept=["b"], disks={"b": HOME["disk"]}), 685),
+    # a store that never wrote a file (the keys before a first personal field): nothing to
+    # copy, and in sync all the same (in the lost-disk round it was served by nobody)
+    (replication.InSync(epoch=3, nodes=["b"], disks={"b": HOME["disk"]}), None),
+    # a record made before disks were named
+    (replication.InSync(epoch=3, nodes=["b"]), 685)],
+    ids=["in-sync", "kept", "no-file", "no-disks"])
 async def test_a_copy_in_sync_is_kept_and_promoted_after_its_process_was_killed(
-        tmp_path: Path, js: JetStreamContext) -> None:
-    path = a_copy(tmp_path / "b", rows=685)
-    await record(js, epoch=3, nodes=["b"], home=HOME)  # the owner's last word: b is in sync
+        tmp_path: Path, js: JetStreamContext,
+        in_sync: replication.InSync, rows: int | None) -> None:
+    path = a_copy(tmp_path / "b", rows=rows) if rows is not None else tmp_path / "b" / FILE
+    (tmp_path / "b").mkdir(exist_ok=True)
+    await record(js, epoch=in_sync.epoch, nodes=in_sync.nodes, home=HOME)
+    await (await replication.standbys_bucket(js)).put(STORE, in_sync.to_json())
     became: list[str] = []
     standby = await started(tmp_path / "b", js, became)
     try:
@@ -126,6 +148,77 @@ async def test_a_copy_in_sync_is_kept_and_promoted_after_its_process_was_killed(
             return became == [STORE]
 
         await eventually(promoted, timeout=10)
-        assert held(path) == 685
+        assert held(path) == rows if rows is not None else not path.exists()
     finally:
         await standby.stop()
+
+
+async def test_an_empty_data_directory_is_not_the_copy_its_node_kept(
+        tmp_path: Path, js: JetStreamContext) -> None:
+    """Node b started again on a data directory made afresh (another disk) is named in sync
+    under the disk it had: it holds nothing, and is never promoted."""
+    (tmp_path / "b").mkdir()
+    await record(js, epoch=3, nodes=["b"], home={"node": "a", "disk": "disk-a"})
+    await (await replication.standbys_bucket(js)).put(STORE, replication.InSync(
+        epoch=3, nodes=["b"], disks={"b": "disk-b-before"}).to_json())
+    became: list[str] = []
+    standby = await started(tmp_path / "b", js, became)
+    try:
+        await asyncio.sleep(8 * replication.WATCH_EVERY_S)
+        assert became == []
+    finally:
+        await standby.stop()
+
+
+class HeldLease:
+    """The owner's lease as the record's writer reads it: held, under `epoch`."""
+
+    def __init__(self, epoch: int) -> None:
+        self.lease = type("Lease", (), {"epoch": epoch})()
+        self.node = "a"
+
+    def check(self) -> None:
+        return None
+
+
+async def test_an_owners_in_sync_record_never_overwrites_another_owners(
+        tmp_path: Path, js: JetStreamContext) -> None:
+    """The record an owner writes is on its own last one (compare-and-set): an owner that
+    does not know it was replaced (paused past its lease, its clock not yet past it) cannot
+    name its standbys in sync over the new owner's record. Before, a blind put."""
+    kv = await replication.standbys_bucket(js)
+    old = replication.Primary(STORE, lease=HeldLease(3), bus=NobodyAnswers(),  # type: ignore[arg-type]
+                              kv=kv, homes=await homes_bucket(js), data_dir=tmp_path)
+    await old.record()
+    # a new owner, epoch 4, records its own standbys
+    await kv.put(STORE, replication.InSync(epoch=4, nodes=["c"]).to_json())
+    old._in_sync.add("b")
+    with pytest.raises(KeyWrongLastSequenceError):
+        await old.record()
+    assert await replication.in_sync(kv, STORE) == replication.InSync(epoch=4, nodes=["c"])
+
+
+async def test_an_owner_that_lost_its_last_standby_keeps_it_named_until_another_is_in_sync(
+        tmp_path: Path, js: JetStreamContext) -> None:
+    """Its last in-sync standby gone (a batch unanswered), an owner acknowledges nothing more
+    (503 before a write, 504 for the batch in flight), so that standby's copy still holds every
+    acknowledged write: the record keeps it promotable (`kept`) until a standby is in sync
+    again. Before, it was recorded out, and its owner's disk lost next, no copy was left to
+    promote (issue 47's lost-disk round: `not within 150 s` here)."""
+    kv = await replication.standbys_bucket(js)
+    owner = replication.Primary(STORE, lease=HeldLease(3), bus=NobodyAnswers(),  # type: ignore[arg-type]
+                                kv=kv, homes=await homes_bucket(js), data_dir=tmp_path)
+    owner._followers["b"] = replication._Follower("b", HOME, after=0, waiting=None)
+    owner._in_sync.add("b")
+    await owner.record()
+    with pytest.raises(UnavailableError):  # b does not answer: 504 to the job's caller
+        await owner.ship(1, [(FILE, [("INSERT INTO acknowledged VALUES (1)", [])])])
+    assert await replication.in_sync(kv, STORE) == replication.InSync(
+        epoch=3, nodes=[], kept=["b"], disks={"b": HOME["disk"]})
+    # c copies the store and is in sync: from here on the owner acknowledges without b
+    owner._followers["c"] = replication._Follower("c", {"node": "c", "disk": "disk-c"},
+                                                   after=1, waiting=None)
+    owner._in_sync.add("c")
+    await owner.record()
+    assert await replication.in_sync(kv, STORE) == replication.InSync(
+        epoch=3, nodes=["c"], disks={"c": "disk-c"})

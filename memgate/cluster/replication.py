@@ -50,6 +50,7 @@ import duckdb
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from pydantic import Field
 
 from memgate.bus import subjects
 from memgate.bus.streams import kv_bucket
@@ -124,7 +125,8 @@ def subject(name: str, operation: str) -> str:
 # --- recording, on the owner's writer thread ------------------------------------------------
 
 _root: Path | None = None  # the data directory, once this process records (`record_under`)
-_local = threading.local()  # .units: what the running job committed; .tx: its open transaction
+_local = threading.local()  # .units: what the running job committed; .tx: its open transaction;
+# .quorum: what its first write asks (`writing`)
 # (file, its statements); (file, None): the file was rewritten; (file, {"data": base64,
 # "append": bool}): bytes written to a file that is not a database (the keys, the audit log)
 Unit = tuple[str, list[tuple[str, list[Any]]] | dict[str, Any] | None]
@@ -161,15 +163,21 @@ class Recording:
         return getattr(self.raw, attribute)
 
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Any:
+        writes = _writes(sql)
+        if writes:
+            writing()
         result = self.raw.execute(sql, parameters) if parameters is not None else \
             self.raw.execute(sql)
-        if _writes(sql):
+        if writes:
             self._noted([(sql, list(parameters or []))])
         return result
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        writes = _writes(sql)
+        if writes:
+            writing()
         result = self.raw.executemany(sql, rows)
-        if _writes(sql):
+        if writes:
             self._noted([(sql, list(row)) for row in rows])
         return result
 
@@ -237,18 +245,29 @@ def wrote(path: Path, data: bytes, *, append: bool = False) -> None:
         _local.units.append((file, {"data": base64.b64encode(data).decode(), "append": append}))
 
 
-def journaled(fn: Callable[..., R], *args: object) -> tuple[R | None, BaseException | None,
-                                                            list[Unit]]:
-    """Run `fn` on this (the writer's) thread: its outcome, and the writes it committed."""
-    _local.units, _local.tx = [], None
+def journaled(fn: Callable[..., R], *args: object, quorum: Callable[[], None] | None = None,
+              ) -> tuple[R | None, BaseException | None, list[Unit]]:
+    """Run `fn` on this (the writer's) thread: its outcome, and the writes it committed.
+    `quorum` is asked before its first write (`writing`)."""
+    _local.units, _local.tx, _local.quorum = [], None, quorum
     try:
         return fn(*args), None, _local.units
     except BaseException as exc:  # what committed before it raised is shipped all the same
         return None, exc, _local.units
     finally:
         units = _local.units
-        _local.units = None
+        _local.units = _local.quorum = None
         del units
+
+
+def writing() -> None:
+    """Before a write of the running job: `UnavailableError`, nothing written, while its
+    store's owner keeps fewer standbys in sync than its quorum (`Primary`). Once a write
+    passed, the job's later writes do too: a job is refused before it writes, not half way."""
+    quorum = getattr(_local, "quorum", None)
+    if quorum is not None:
+        quorum()
+        _local.quorum = None
 
 
 # --- applying, on a standby's thread ---------------------------------------------------------
@@ -411,10 +430,22 @@ class Ready(Contract):
 
 class InSync(Contract):
     """The standbys of a store that have applied every batch its owner acknowledged (the
-    `MEMGATE_STANDBYS` record, one per store, written by its owner only)."""
+    `MEMGATE_STANDBYS` record, one per store, written by its owner only): `nodes` are sent
+    each batch; `kept` were, until the owner lost its last in-sync standby. An owner with none
+    acknowledges nothing (`Primary._has_quorum`), so they still hold every acknowledged write
+    and may be promoted, until a standby is in sync again."""
 
     epoch: int
     nodes: list[str]
+    kept: list[str] = Field(default_factory=list)
+    # the disk (`Disk.disk`) of each node named: a node started again on an empty data
+    # directory is not the one named (a store that never wrote a file has none to tell them by)
+    disks: dict[str, str] = Field(default_factory=dict)
+
+    def names(self, node: str, disk: str) -> bool:
+        """Whether this record says `node`'s copy on `disk` holds every acknowledged write
+        (a record written before disks were named: the node alone)."""
+        return node in (*self.nodes, *self.kept) and self.disks.get(node, disk) == disk
 
 
 async def standbys_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
@@ -451,6 +482,9 @@ class Primary:
                  timeout_s: float = APPLY_TIMEOUT_S) -> None:
         self.name = name
         self._standbys = standbys
+        # the in-sync standbys a write needs (with this copy, two of a store's three): none
+        # for a derived store, made again from its partition if lost
+        self._quorum = 0 if follows(name) is not None else min(standbys, 1)
         self._lease = lease
         self._bus = bus
         self._kv = kv
@@ -464,6 +498,10 @@ class Primary:
         self._followers: dict[str, _Follower] = {}
         self._in_sync: set[str] = set()
         self._recorded: set[str] | None = None  # what the record says (None: not yet written)
+        self._kept: set[str] = set()  # and whom it keeps (`InSync.kept`)
+        self._disks: dict[str, str] = {}  # the disks of those it names
+        self._revision: int | None = None  # the record's revision this owner last wrote
+        self._recording = asyncio.Lock()  # one write of the record at a time
         self._draining = asyncio.Lock()  # an operator's drain and `follow`'s, one at a time
 
     @property
@@ -475,12 +513,17 @@ class Primary:
                 ) -> tuple[R | None, BaseException | None, Future[None] | None]:
         """On the writer's thread: run `fn`, number what it committed (so in commit order) and
         hand it to the event loop to ship. `committed` waits for that, on the loop."""
-        result, exc, units = journaled(fn, *args)
+        result, exc, units = journaled(fn, *args, quorum=self._has_quorum)
         if not units:
             return result, exc, None
         self._numbered += 1
         return result, exc, asyncio.run_coroutine_threadsafe(
             self.ship(self._numbered, units), loop)
+
+    def _has_quorum(self) -> None:
+        if len(self._in_sync) < self._quorum:
+            raise UnavailableError("no other node holds this store's copy in sync yet: nothing "
+                                   "was written; try again", {"store": self.name})
 
     async def committed(self, outcome: tuple[R | None, BaseException | None,
                                              Future[None] | None]) -> R:
@@ -500,7 +543,8 @@ class Primary:
 
     async def ship(self, seq: int, units: list[Unit]) -> None:
         """Batch `seq` applied by every in-sync standby (after all before it), or those that
-        did not apply it recorded out of sync; `UnavailableError` if that record failed."""
+        did not apply it recorded out of sync; `UnavailableError` if that record failed, or if
+        fewer than the quorum applied it (it is on this disk only)."""
         async with self._turn:
             await self._turn.wait_for(lambda: self._shipped == seq - 1)
             try:
@@ -530,6 +574,9 @@ class Primary:
                             follower.node, self.name, seq, type(result).__name__)
                 self._drop(follower.node)
         await self._record_out()
+        applied = sum(not isinstance(result, BaseException) for result in results)
+        if applied < self._quorum:  # on this disk only: `committed` answers 504, not 200
+            raise UnavailableError("no standby applied the write", {"store": self.name})
 
     async def _apply(self, node: str, batch: bytes) -> None:
         await self._bus.request(subject(self.name, f"apply.{node}"), batch, Applied,
@@ -552,10 +599,11 @@ class Primary:
     async def _record_out(self) -> None:
         """The record no longer names a standby that left the in-sync set: before anyone is
         answered, so an out-of-date copy is never promoted."""
-        if self._recorded is not None and self._recorded <= self._in_sync:
-            return
         try:
-            await self.record()
+            async with self._recording:
+                if self._recorded is not None and self._recorded <= self._in_sync:
+                    return
+                await self._put_record()
         except Exception as exc:
             raise UnavailableError("a standby left the in-sync set and that could not be "
                                    "recorded", {"store": self.name}) from exc
@@ -571,10 +619,27 @@ class Primary:
 
     async def record(self) -> None:
         """Write the in-sync set (at the start of an epoch: none yet)."""
+        async with self._recording:
+            await self._put_record()
+
+    async def _put_record(self) -> None:
+        """The record written, one write at a time: what a write says is what it wrote (two
+        interleaved, a standby dropped could be named again). Each on this owner's last, by
+        compare-and-set: a record another owner wrote since is never overwritten
+        (`KeyWrongLastSequenceError`). The epoch's first is put over a former owner's."""
         self._lease.check()  # only the owner writes it
         nodes = set(self._in_sync)
-        await self._kv.put(self.name, InSync(epoch=self.epoch, nodes=sorted(nodes)).to_json())
-        self._recorded = nodes
+        kept = set() if nodes or not self._quorum else (self._recorded or set()) | self._kept
+        disks = {**self._disks, **{f.node: f.home.get("disk", "") for f in
+                                   self._followers.values()}}
+        disks = {node: disks[node] for node in sorted(nodes | kept) if node in disks}
+        value = InSync(epoch=self.epoch, nodes=sorted(nodes), kept=sorted(kept),
+                       disks=disks).to_json()
+        if self._revision is None:
+            self._revision = await self._kv.put(self.name, value)
+        else:
+            self._revision = await self._kv.update(self.name, value, last=self._revision)
+        self._recorded, self._kept, self._disks = nodes, kept, disks
 
     # a standby joining: its copy, its pages, then in sync
 
@@ -867,7 +932,7 @@ class Standby:
         again. Any other copy is kept, unserved and never promoted, until another node serves
         the store (`_watch` deletes it then): it may be the newest one left, its owner's disk
         lost (issue 47: a restarted standby deleted the last copy of a store)."""
-        if not self._copied or rebuilt(self.store):
+        if rebuilt(self.store):
             return
         record: InSync | None = None
         deadline = time.monotonic() + KEPT_CHECK_S
@@ -881,10 +946,14 @@ class Standby:
                     log.info("%s: its record could not be read (%s)", self.name, _reason(exc))
                     break
                 await asyncio.sleep(WATCH_EVERY_S)
-        if record is None or self._node not in record.nodes:
-            log.info("%s: a copy not in sync is kept, unserved, until another node serves "
-                     "the store", self.name)
+        disk = self._home.get("disk", "")
+        if record is None or not record.names(self._node, disk) or \
+                not (self._copied or record.disks.get(self._node) == disk):
+            if self._copied:
+                log.info("%s: a copy not in sync is kept, unserved, until another node "
+                         "serves the store", self.name)
             return
+        self._copied = True  # its files, none if the store never wrote one
         await self._thread(self._open)
         self._epoch = record.epoch
         self._seq = mark[1] if mark is not None and mark[0] == record.epoch else -1
@@ -1018,8 +1087,11 @@ class Standby:
                 await asyncio.sleep(WATCH_EVERY_S)
                 continue
             record = await in_sync(standbys, self.store)
-            synced = bool(self._epoch and record and record.epoch == self._epoch
-                          and self._node in record.nodes)
+            current = record if record is not None and self._epoch and \
+                record.epoch == self._epoch else None
+            synced = current is not None and self._node in current.nodes
+            # or holding every acknowledged write since its owner lost its last standby
+            whole = current is not None and self._node in (*current.nodes, *current.kept)
             if owner is None:
                 if unowned_since is None:
                     unowned_since = time.monotonic()
@@ -1027,7 +1099,7 @@ class Standby:
                 if follows(self.store) is not None:  # derived: made again if not in sync
                     if await self._promote(stale=not synced):
                         return True
-                elif synced and await self._next(record, unowned_since, released) and \
+                elif whole and await self._next(record, unowned_since, released) and \
                         await self._promote():
                     return True
             else:

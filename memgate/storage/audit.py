@@ -136,6 +136,7 @@ class AuditLog:
                 full["hash"] = prev = entry_hash(full)
                 written.append(full)
             lines = b"".join(canonical(e) + b"\n" for e in written)
+            replication.writing()  # refused here, before a byte, without a quorum of copies
             with self._log.open("ab") as f:
                 f.write(lines)
                 f.flush()

@@ -113,12 +113,14 @@ class KeyStore:
             keys[(tenant, subject)] = base64.b64decode(value)
         return keys
 
-    def _save(self) -> None:
-        """Write the whole file anew and rename it over the old one (no old bytes survive in
-        any file: an erased key is in no file under the directory afterwards)."""
+    def _save(self, keys: dict[tuple[str, str], bytes]) -> None:
+        """`keys` become the keys: the whole file written anew and renamed over the old one (no
+        old bytes survive in any file: an erased key is in no file under the directory
+        afterwards), then held. A write refused or failed changes nothing."""
         self._root.mkdir(parents=True, exist_ok=True)
+        replication.writing()  # refused here, before a byte, without a quorum of copies
         data = {"format": FORMAT,
-                "keys": {_name(t, s): _b64(k) for (t, s), k in sorted(self._keys.items())}}
+                "keys": {_name(t, s): _b64(k) for (t, s), k in sorted(keys.items())}}
         tmp = self._root / f".{FILE}.tmp"
         content = json.dumps(data, indent=0).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -134,6 +136,7 @@ class KeyStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+        self._keys = keys
 
     # --- keys ---
 
@@ -142,8 +145,8 @@ class KeyStore:
         with self._lock:
             key = self._keys.get((tenant, subject))
             if key is None and create:
-                key = self._keys[(tenant, subject)] = secrets.token_bytes(KEY_BYTES)
-                self._save()
+                key = secrets.token_bytes(KEY_BYTES)
+                self._save({**self._keys, (tenant, subject): key})
             return key
 
     def ensure(self, pairs: Iterable[tuple[str, str]]) -> int:
@@ -151,10 +154,9 @@ class KeyStore:
         how many were made."""
         with self._lock:
             missing = {pair for pair in pairs if pair not in self._keys}
-            for pair in missing:
-                self._keys[pair] = secrets.token_bytes(KEY_BYTES)
             if missing:
-                self._save()
+                self._save({**self._keys,
+                            **{pair: secrets.token_bytes(KEY_BYTES) for pair in missing}})
             return len(missing)
 
     def adopt(self, keys: dict[tuple[str, str], bytes]) -> None:
@@ -162,8 +164,7 @@ class KeyStore:
         the new directory, so erasing one there still shreds the older backups)."""
         with self._lock:
             if any(self._keys.get(pair) != key for pair, key in keys.items()):
-                self._keys.update(keys)
-                self._save()
+                self._save({**self._keys, **keys})
 
     def has(self, tenant: str, subject: str) -> bool:
         return (tenant, subject) in self._keys
@@ -176,9 +177,10 @@ class KeyStore:
         """Destroy the subject's key: every value sealed under it is unreadable from now on.
         True if there was a key."""
         with self._lock:
-            if self._keys.pop((tenant, subject), None) is None:
+            if (tenant, subject) not in self._keys:
                 return False
-            self._save()
+            self._save({pair: key for pair, key in self._keys.items()
+                        if pair != (tenant, subject)})
             return True
 
     # --- sealing ---

@@ -221,3 +221,34 @@ async def test_a_standby_answers_a_batch_once_its_files_hold_it(tmp_path: Path) 
         lambda: standby._db[file].execute("SELECT count(*) FROM t").fetchone()) == (6,)
     await standby._thread(standby._close)
     standby._thread.shutdown()
+
+
+async def test_an_owner_with_no_standby_in_sync_refuses_a_write_before_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 503 means "not written": an owner whose standbys are all out of sync (dead, or still
+    copying the store) refuses a job at its first write, DuckDB or plain file, and nothing is
+    in its files; what only reads still answers. Before, it wrote, answered 200, and the write
+    was on one disk (issue 47: 19 remembers acknowledged while the only standby was dead)."""
+    from memgate.contracts.errors import UnavailableError
+    from memgate.storage.audit import AuditEntry, AuditLog
+
+    monkeypatch.setattr(replication, "_root", tmp_path.resolve())  # noqa: ASYNC240 (setup)
+    store = MemoryStore(tmp_path / "memories.duckdb")
+    audit = AuditLog(tmp_path / "audit")
+    alone = replication.Primary("storage.p0", lease=None, bus=None, kv=None,  # type: ignore[arg-type]
+                                homes=None, data_dir=tmp_path, standbys=1)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+
+    async def job(fn: Any, *args: Any) -> Any:
+        return await alone.committed(
+            await loop.run_in_executor(None, alone.journal, loop, fn, *args))
+
+    [outcome] = await job(store.remember_group, [remember("on one disk only")])
+    assert isinstance(outcome, UnavailableError)
+    with pytest.raises(UnavailableError):
+        await job(audit.append, AuditEntry(action="memories_deleted", actor="storage.p0"))
+    assert rows(store.connection, "memories") == []
+    assert not (tmp_path / "audit" / "audit.log").exists() or \
+        (tmp_path / "audit" / "audit.log").read_bytes() == b""
+    assert await job(lambda: rows(store.connection, "memories")) == []  # reads answer
+    store.close()
