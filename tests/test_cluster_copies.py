@@ -222,3 +222,20 @@ async def test_an_owner_that_lost_its_last_standby_keeps_it_named_until_another_
     await owner.record()
     assert await replication.in_sync(kv, STORE) == replication.InSync(
         epoch=3, nodes=["c"], disks={"c": "disk-c"})
+
+
+async def test_the_cluster_view_names_the_copy_kept_when_its_owner_is_gone(
+        tmp_path: Path, js: JetStreamContext) -> None:
+    """What an operator looks at when a node is lost: the copy that will be promoted, though
+    no batch reaches it (`kept`), is named; nobody serves the store."""
+    from memgate.cluster.view import cluster_view
+
+    await record(js, epoch=3, nodes=[], home={"node": "a", "disk": "disk-a"})
+    await (await replication.standbys_bucket(js)).put(STORE, replication.InSync(
+        epoch=3, nodes=[], kept=["b"], disks={"b": HOME["disk"]}).to_json())
+
+    async def no_lag(name: str) -> None:
+        return None
+
+    [store] = (await cluster_view(js, [STORE], no_lag)).stores
+    assert (store.home, store.served_by, store.in_sync, store.kept) == ("a", None, [], ["b"])

@@ -238,6 +238,8 @@ def cluster_status(
             f"{s.node} {'in sync' if s.in_sync else 'copying'}"
             f"{f' {s.behind} behind' if s.behind else ''}"
             for s in store.standbys or [])
+        standbys = ", ".join(filter(None, [standbys, *(f"{node} kept (every acknowledged write)"
+                                                       for node in store.kept)]))
         table.add_row(store.name, store.home or "-", store.served_by or "nobody",
                       "-" if store.epoch is None else str(store.epoch), store.process or "-",
                       standbys or "-")

@@ -80,6 +80,7 @@ async def _store(read: _Reads, name: str, homes: KeyValue | None, leases: KeyVal
         process=None if lease is None else
         f"{lease.about.get('host', '?')}:{lease.about.get('pid', '?')}",
         in_sync=synced.nodes if synced and lease and synced.epoch == lease.epoch else [],
+        kept=synced.kept if synced and (lease is None or synced.epoch == lease.epoch) else [],
         standbys=lagging)
 
 

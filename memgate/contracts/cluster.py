@@ -32,6 +32,10 @@ class StoreOwner(Contract):
     process: str | None = None  # the serving process, `host:pid`
     # the nodes whose copy has every write its owner acknowledged
     in_sync: list[str] = Field(default_factory=list)
+    # the nodes whose copy has every acknowledged write though no batch reaches it now: the
+    # owner lost its last in-sync standby and takes no write until one is in sync again; one
+    # of them is promoted should the owner be lost too
+    kept: list[str] = Field(default_factory=list)
     # each standby's replication lag, as its owner answered (None: it did not, or one node)
     standbys: list[StandbyLag] | None = None
 
