@@ -35,6 +35,15 @@ def rows(db: duckdb.DuckDBPyConnection, table: str) -> list[tuple[Any, ...]]:
     return db.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
 
 
+def applied(copy: Path, statements: list[tuple[str, list[Any]]]) -> duckdb.DuckDBPyConnection:
+    """The copy, `statements` applied in one transaction as a standby runs them."""
+    standby = compaction.plain(copy)
+    standby.begin()
+    replication._execute(standby, statements)
+    standby.commit()
+    return standby
+
+
 def statements_of(units: list[replication.Unit]) -> list[tuple[str, list[Any]]]:
     found = []
     for _, statements in units:
@@ -74,11 +83,7 @@ def test_a_copy_given_the_merged_statements_holds_what_the_owner_holds(
     statements = statements_of(units)
     fewer = replication.merged(statements)
     assert len(fewer) < len(statements)
-    standby = compaction.plain(copy)
-    standby.begin()
-    for sql, parameters in fewer:
-        standby.execute(sql, parameters) if parameters else standby.execute(sql)
-    standby.commit()
+    standby = applied(copy, fewer)
     for table in TABLES:
         assert rows(standby, table) == rows(store.connection, table), table
     store.close()
@@ -105,11 +110,7 @@ def test_vectors_put_one_after_another_are_put_as_one(
     statements = statements_of(units)
     fewer = replication.merged(statements)
     assert len(fewer) == 1 < len(statements)
-    standby = compaction.plain(copy)
-    standby.begin()
-    for sql, parameters in fewer:
-        standby.execute(sql, parameters)
-    standby.commit()
+    standby = applied(copy, fewer)
     assert rows(standby, "vectors") == rows(vectors.connection, "vectors")
     assert len(rows(standby, "vectors")) == 10
 
@@ -134,11 +135,7 @@ def test_an_imports_rows_and_its_idempotency_records_reach_the_copy(
         outcomes, exc, committed = replication.journaled(store.remember_group, group)
         assert exc is None and not any(isinstance(o, Exception) for o in outcomes or [])
         units += committed
-    standby = compaction.plain(copy)
-    standby.begin()
-    for sql, parameters in replication.merged(statements_of(units)):
-        standby.execute(sql, parameters) if parameters else standby.execute(sql)
-    standby.commit()
+    standby = applied(copy, replication.merged(statements_of(units)))
     for table in ("memories", "idempotency"):
         assert rows(standby, table) == rows(store.connection, table), table
     assert len(rows(standby, "idempotency")) == 1001
@@ -177,11 +174,7 @@ def test_a_registrys_passages_and_a_with_delete_reach_the_copy(
     assert exc is None
     units += committed
 
-    standby = compaction.plain(copy)
-    standby.begin()
-    for sql, parameters in replication.merged(statements_of(units)):
-        standby.execute(sql, parameters) if parameters else standby.execute(sql)
-    standby.commit()
+    standby = applied(copy, replication.merged(statements_of(units)))
     assert len(rows(standby, "passages")) == 5
     for table in ("collections", "documents", "passages", "outbox"):
         assert rows(standby, table) == rows(store.connection, table), table
