@@ -180,30 +180,37 @@ FAILURES = ("acknowledged, missing on some node", "listed more than once",
             "nodes whose listing differs from node 1's")
 
 
+async def under_faults(root: Path, faults: list[Fault], *, agents: int, seed: int,
+                       ) -> dict[str, int]:
+    """Three nodes under `root`, `agents` agents remembering while `faults` strike one after
+    another, then the checker's counts (`FAILURES` must be 0)."""
+    async with three_nodes(root) as nodes:
+        token = await agent_token(Running(nodes[0].nats_url, "", nodes[0].http,
+                                          nodes[0].data_dir))
+        auth = {"Authorization": f"Bearer {token}"}
+        seen, stop, rng = Outcomes(), asyncio.Event(), random.Random(seed)
+        load = [asyncio.create_task(agent(n, nodes, auth, seen, stop, rng))
+                for n in range(agents)]
+        started = time.monotonic()
+        for fault in faults:
+            await asyncio.sleep(fault.after_s)
+            print(f"  {time.monotonic() - started:6.1f} s: {fault.kind} n{fault.node} "
+                  f"for {fault.lasts_s:.1f} s", file=sys.stderr)
+            await strike(fault, nodes[fault.node])
+            for node in nodes:
+                await until_healthy(node.http, timeout_s=300)
+        stop.set()
+        await asyncio.gather(*load)
+        return await check(nodes, auth, seen)
+
+
 async def run(args: argparse.Namespace) -> dict[str, int]:
-    faults = schedule(args.seed, args.faults)
     prefix = "memgate-bench-faults-"
     with (contextlib.nullcontext(tempfile.mkdtemp(prefix=prefix)) if args.keep
           else tempfile.TemporaryDirectory(prefix=prefix)) as tmp:
         print(f"bench.faults: seed {args.seed}, nodes under {tmp}", file=sys.stderr)
-        async with three_nodes(Path(tmp)) as nodes:
-            token = await agent_token(Running(nodes[0].nats_url, "", nodes[0].http,
-                                              nodes[0].data_dir))
-            auth = {"Authorization": f"Bearer {token}"}
-            seen, stop, rng = Outcomes(), asyncio.Event(), random.Random(args.seed)
-            load = [asyncio.create_task(agent(n, nodes, auth, seen, stop, rng))
-                    for n in range(args.agents)]
-            started = time.monotonic()
-            for fault in faults:
-                await asyncio.sleep(fault.after_s)
-                print(f"  {time.monotonic() - started:6.1f} s: {fault.kind} n{fault.node} "
-                      f"for {fault.lasts_s:.1f} s", file=sys.stderr)
-                await strike(fault, nodes[fault.node])
-                for node in nodes:
-                    await until_healthy(node.http, timeout_s=300)
-            stop.set()
-            await asyncio.gather(*load)
-            return await check(nodes, auth, seen)
+        return await under_faults(Path(tmp), schedule(args.seed, args.faults),
+                                  agents=args.agents, seed=args.seed)
 
 
 async def main() -> None:
