@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.telemetry import TelemetryConfig
 
 from memgate.adapters.http_errors import (
@@ -31,7 +30,7 @@ from memgate.adapters import rest_spaces
 from memgate.adapters import rest_metrics
 from memgate.adapters.mcp_server import McpHttpEndpoint
 from memgate.adapters.rest_admin import PathId, Token, bearer
-from memgate.adapters.routing import IdempotencyKey, token_of
+from memgate.adapters.routing import IdempotencyKey, Mark, Send, token_of
 from memgate.bus import BusClient, subjects
 from memgate.bus.replies import Handler
 from memgate.contracts import (
@@ -129,10 +128,6 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
         log.error("the bus accepted a refused body on %s", subject)
         return error_response(refusal)
 
-    async def call(subject: str, result: type[T], token: HTTPAuthorizationCredentials | None,
-                   body: Contract | dict[str, Any], **params: str) -> T:
-        return await send(subject, result, bearer(token), body, **params)
-
     async def send(subject: str, result: type[T], token: str | None,
                    body: Contract | dict[str, Any], **params: str) -> T:
         return await state["bus"].command(subject, token, body, result, params=params,
@@ -160,55 +155,10 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
                                         for s, name in names.items()}},
                             status_code=200 if status != "starting" else 503)
 
-    # --- agent memory operations (SPEC §3.1) ---
-
-    @app.post("/api/agent/v1/memories/remember", tags=["memories"],
-              responses=responses(*COMMON, 409, 429))
-    @command(subjects.REMEMBER, RememberResult)
-    async def remember(body: RememberRequest, token: Token,
-                       idempotency_key: IdempotencyKey = None) -> RememberResult:
-        if idempotency_key is not None:
-            body = body.model_copy(update={"idempotency_key": idempotency_key})
-        return await call(subjects.REMEMBER, RememberResult, token, body)
-
-    @app.post("/api/agent/v1/memories/import", tags=["memories"],
-              responses=responses(*COMMON, 429))
-    @command(subjects.IMPORT, ImportResult)
-    async def import_memories(body: ImportRequest, token: Token) -> ImportResult:
-        """Up to 1,000 remember bodies (each may carry its `idempotencyKey`), each governed
-        as a remember and stored or refused alone, in one transaction."""
-        return await call(subjects.IMPORT, ImportResult, token, body)
-
-    @app.post("/api/admin/workspaces/{wsId}/memories/import", tags=["admin"],
-              responses=responses(*COMMON))
-    @command(subjects.IMPORT, ImportResult)
-    async def operator_import(wsId: PathId, body: ImportRequest, token: Token) -> ImportResult:
-        """The operator's import (admin token): each item also names its `memberId`, and may
-        keep its `createdAt`."""
-        return await call(subjects.IMPORT, ImportResult, token,
-                          body.model_copy(update={"workspace_id": wsId}))
-
-    @app.post("/api/agent/v1/memories/recall", tags=["memories"], responses=responses(*COMMON))
-    @command(subjects.RECALL, RecallResult)
-    async def recall(body: RecallRequest, token: Token) -> RecallResult:
-        return await call(subjects.RECALL, RecallResult, token, body)
-
-    @app.post("/api/agent/v1/memories/list", tags=["memories"], responses=responses(*COMMON))
-    @command(subjects.LIST, ListResult)
-    async def list_memories(body: ListRequest, token: Token) -> ListResult:
-        return await call(subjects.LIST, ListResult, token, body)
-
-    @app.post("/api/agent/v1/memories/forget", tags=["memories"], responses=responses(*COMMON))
-    @command(subjects.FORGET, ForgetResult)
-    async def forget(body: ForgetRequest, token: Token,
-                     idempotency_key: IdempotencyKey = None) -> ForgetResult:
-        if idempotency_key is not None:
-            body = body.model_copy(update={"idempotency_key": idempotency_key})
-        return await call(subjects.FORGET, ForgetResult, token, body)
-
-    # Last: a request is matched against the routes in order, and an included router is
-    # costly to try (FastAPI walks each of its routes), so the agents' memory routes come first;
-    # then the admin routes, as they always came.
+    # A request is matched against the routes in order, and an included router is costly to
+    # try (FastAPI walks each of its routes), so the agents' memory routes come first, on the
+    # app itself; then the admin routes, as they always came.
+    _agent_routes(app, send, command)
     # No path here overlaps another module's; among the modules the order matters
     # (`/memory/spaces` before `/memory/{spaceId}`) and is kept.
     app.include_router(rest_admin.router(send, command))
@@ -218,3 +168,51 @@ def create_app(nats_url: str, *, ready_subjects: list[str],
     app.include_router(console.router())
 
     return app
+
+
+def _agent_routes(app: FastAPI, send: Send, mark: Mark) -> None:
+    """The agents' memory operations (SPEC §3.1), on the app itself: matched first."""
+
+    @app.post("/api/agent/v1/memories/remember", tags=["memories"],
+              responses=responses(*COMMON, 409, 429))
+    @mark(subjects.REMEMBER, RememberResult)
+    async def remember(body: RememberRequest, token: Token,
+                       idempotency_key: IdempotencyKey = None) -> RememberResult:
+        if idempotency_key is not None:
+            body = body.model_copy(update={"idempotency_key": idempotency_key})
+        return await send(subjects.REMEMBER, RememberResult, bearer(token), body)
+
+    @app.post("/api/agent/v1/memories/import", tags=["memories"],
+              responses=responses(*COMMON, 429))
+    @mark(subjects.IMPORT, ImportResult)
+    async def import_memories(body: ImportRequest, token: Token) -> ImportResult:
+        """Up to 1,000 remember bodies (each may carry its `idempotencyKey`), each governed
+        as a remember and stored or refused alone, in one transaction."""
+        return await send(subjects.IMPORT, ImportResult, bearer(token), body)
+
+    @app.post("/api/admin/workspaces/{wsId}/memories/import", tags=["admin"],
+              responses=responses(*COMMON))
+    @mark(subjects.IMPORT, ImportResult)
+    async def operator_import(wsId: PathId, body: ImportRequest, token: Token) -> ImportResult:
+        """The operator's import (admin token): each item also names its `memberId`, and may
+        keep its `createdAt`."""
+        return await send(subjects.IMPORT, ImportResult, bearer(token),
+                          body.model_copy(update={"workspace_id": wsId}))
+
+    @app.post("/api/agent/v1/memories/recall", tags=["memories"], responses=responses(*COMMON))
+    @mark(subjects.RECALL, RecallResult)
+    async def recall(body: RecallRequest, token: Token) -> RecallResult:
+        return await send(subjects.RECALL, RecallResult, bearer(token), body)
+
+    @app.post("/api/agent/v1/memories/list", tags=["memories"], responses=responses(*COMMON))
+    @mark(subjects.LIST, ListResult)
+    async def list_memories(body: ListRequest, token: Token) -> ListResult:
+        return await send(subjects.LIST, ListResult, bearer(token), body)
+
+    @app.post("/api/agent/v1/memories/forget", tags=["memories"], responses=responses(*COMMON))
+    @mark(subjects.FORGET, ForgetResult)
+    async def forget(body: ForgetRequest, token: Token,
+                     idempotency_key: IdempotencyKey = None) -> ForgetResult:
+        if idempotency_key is not None:
+            body = body.model_copy(update={"idempotency_key": idempotency_key})
+        return await send(subjects.FORGET, ForgetResult, bearer(token), body)

@@ -36,9 +36,16 @@ def bearer(token: HTTPAuthorizationCredentials | None) -> str | None:
 
 
 def router(send: Send, mark: Mark) -> APIRouter:
+    """One router (an included router is walked route by route on every request: the parts add
+    theirs to it, not routers of their own)."""
     routes = APIRouter()
+    for part in (_setup, _registry, _self_service, _operator):
+        part(routes, send, mark)
+    return routes
 
-    # --- admin and setup (SPEC §2.4) ---
+
+def _setup(routes: APIRouter, send: Send, mark: Mark) -> None:
+    """Workspaces, members, credentials and settings (SPEC §2.4)."""
 
     @routes.post("/api/admin/workspaces", tags=["admin"], responses=responses(*COMMON))
     @mark(Admin.WORKSPACES_CREATE, WorkspaceCreated)
@@ -95,7 +102,9 @@ def router(send: Send, mark: Mark) -> APIRouter:
     async def put_settings(wsId: PathId, body: SettingsUpdate, token: Token) -> WorkspaceSettings:
         return await send(Admin.SETTINGS_PUT, WorkspaceSettings, bearer(token), body, wsId=wsId)
 
-    # --- the registry: collections, documents, context sets (owner or operator) ---
+
+def _registry(routes: APIRouter, send: Send, mark: Mark) -> None:
+    """The registry: collections, documents, context sets (owner or operator)."""
 
     @routes.post("/api/w/{wsId}/collections", tags=["registry"], responses=responses(*COMMON))
     @mark(Admin.REGISTRY_COLLECTIONS_CREATE, CollectionCreated)
@@ -139,7 +148,9 @@ def router(send: Send, mark: Mark) -> APIRouter:
         return await send(Admin.REGISTRY_CONTEXT_SETS_SAVE, ContextSetSaved, bearer(token),
                           body, wsId=wsId, contextSetId=contextSetId)
 
-    # --- a member's own agent memories, and the owner's blind purge (SPEC §2.3) ---
+
+def _self_service(routes: APIRouter, send: Send, mark: Mark) -> None:
+    """A member's own agent memories, and the owner's blind purge (SPEC §2.3)."""
 
     @routes.get("/api/w/{wsId}/ask-history/agent-memories", tags=["self-service"],
              responses=responses(*COMMON))
@@ -170,6 +181,10 @@ def router(send: Send, mark: Mark) -> APIRouter:
         `DELETE /memory/spaces/{spaceId}` by its owner, or with an erasure."""
         return await send(Admin.OWNER_PURGE, ForgetResult, bearer(token), {}, wsId=wsId)
 
+
+def _operator(routes: APIRouter, send: Send, mark: Mark) -> None:
+    """The operator's cluster view, audit check and agents' NATS logins."""
+
     @routes.get("/api/admin/cluster", tags=["admin"], responses=responses(*COMMON))
     async def cluster_status(token: Token) -> ClusterStatus:
         """The operator's view (SPEC §6): each store's home node, the node serving it, its
@@ -190,8 +205,6 @@ def router(send: Send, mark: Mark) -> APIRouter:
                 responses=responses(*COMMON))
     async def revoke_nats_agent(agentId: PathId, token: Token) -> Done:
         return await send(Admin.NATS_REVOKE, Done, bearer(token), {}, agentId=agentId)
-
-    return routes
 
 
 __all__ = ["Token", "bearer", "router"]

@@ -135,16 +135,36 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
                              bus=bus("embedder"), batch=settings.embedding_batch)
 
     makers: dict[str, Callable[[], Actor]] = {
-        "directory": lambda: DirectoryActor(
-            path=data / "directory.duckdb", admin_token=lambda: admin_token(settings),
-            bus=bus("directory"), partitions=settings.partitions,
-            nats_authority=nats_authority),
         "governance": governance,
         "space-memories": lambda: SpaceMemoriesActor.on_bus(
             asks("space-memories"), partitions=settings.partitions,
             chat=HttpChat(timeout_s=settings.mem0_llm_timeout_s, allowed=partial(
                 llm_origins.allowed, origins=settings.allowed_llm_origins())),
             extract_timeout_s=settings.mem0_extract_llm_timeout_s),
+        **_singles(settings, kinds, nats_authority=nats_authority),
+    }
+    for partition in settings.partition_names():
+        makers |= {
+            f"storage.{partition}": partial(storages.__getitem__, partition),
+            f"indexer.{partition}": partial(indexer, partition),
+            f"embedder.{partition}": partial(embedder, partition),
+        }
+    beside = [partition_governance(p) for p in storages] if settings.routes else []
+    return [*([recall] if recall is not None else []),
+            *(make() for name, make in makers.items() if wanted(name)), *beside]
+
+
+def _singles(settings: Settings, kinds: KindConnections, *,
+             nats_authority: bool) -> dict[str, Callable[[], Actor]]:
+    """The makers of the actors one of which runs in a cluster: the stores besides the
+    partitions', the operator's cluster view and the reaper."""
+    data = settings.data_dir
+    bus, publisher = kinds.client, kinds.publisher
+    return {
+        "directory": lambda: DirectoryActor(
+            path=data / "directory.duckdb", admin_token=lambda: admin_token(settings),
+            bus=bus("directory"), partitions=settings.partitions,
+            nats_authority=nats_authority),
         "cluster": lambda: ClusterActor(
             js=lambda: kinds.jetstream("cluster"), bus=bus("cluster"),
             admin_token=lambda: admin_token(settings),
@@ -180,15 +200,6 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
                     Quota("events", settings.limit_events_per_member,
                           settings.limit_events_per_hour))),
     }
-    for partition in settings.partition_names():
-        makers |= {
-            f"storage.{partition}": partial(storages.__getitem__, partition),
-            f"indexer.{partition}": partial(indexer, partition),
-            f"embedder.{partition}": partial(embedder, partition),
-        }
-    beside = [partition_governance(p) for p in storages] if settings.routes else []
-    return [*([recall] if recall is not None else []),
-            *(make() for name, make in makers.items() if wanted(name)), *beside]
 
 
 STATELESS = ("cluster", "governance", "reaper", "recall", "space-memories")
@@ -328,25 +339,18 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                   if wanted(name) and replication.movable(name)]
         elsewhere |= await _homed_elsewhere(settings, kinds, stack, disk, stores)
 
-        def standby(name: str) -> Standby:
-            async def become() -> None:
-                # all or nothing: a start that fails half way (JetStream electing leaders after
-                # a kill) stops what it started and gives its lease up, so the store is not
-                # left claimed with nothing serving it and no standby copying it
-                async with AsyncExitStack() as attempt:
-                    await start_actors(settings, bus, attempt, only=frozenset({name}),
-                                       server=server, logins=logins, governs=governs,
-                                       on_lost=on_lost)
-                    stack.push_async_exit(attempt.pop_all())
+        async def become(name: str) -> None:
+            # all or nothing: a start that fails half way (JetStream electing leaders after
+            # a kill) stops what it started and gives its lease up, so the store is not
+            # left claimed with nothing serving it and no standby copying it
+            async with AsyncExitStack() as attempt:
+                await start_actors(settings, bus, attempt, only=frozenset({name}),
+                                   server=server, logins=logins, governs=governs,
+                                   on_lost=on_lost)
+                stack.push_async_exit(attempt.pop_all())
 
-            kind = kind_of(name)
-            return Standby(name, node=disk.node, bus=kinds.client(kind),
-                           js=partial(kinds.jetstream, kind), data_dir=settings.data_dir,
-                           become=become, disk_home=disk.home(),
-                           replicas=settings.stream_replicas(), standbys=settings.standbys,
-                           stale=_derived(settings, name))
-
-        standbys = [standby(name) for name in sorted(elsewhere)]
+        standbys = [_standby(settings, kinds, disk, name, partial(become, name))
+                    for name in sorted(elsewhere)]
     actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
                           governs=governs)
     authority = None
@@ -366,46 +370,16 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                               on_lost=on_lost)
         stack.push_async_callback(ownership.release)  # once the actors have stopped
         await ownership.claim(claimed)
-    brokers: dict[str, NatsBroker] = {}
-    started: list[Actor | Standby] = []
-    # Stopped together, after their brokers (nothing reaches them any more) and before their
-    # connections close: each lets its consumers finish the batch in hand, and one after
-    # another would add those waits up.
-    stack.push_async_callback(stop_together, started)
-
-    async def start(actor: Actor | Standby) -> None:
-        await actor.start()
-        started.append(actor)
-
-    # Together: each opens its files or loads its model on threads of its own, and none
-    # serves or asks another before the brokers start below.
-    everyone: list[Actor | Standby] = [*actors, *standbys]
-    outcomes = await asyncio.gather(*(start(actor) for actor in everyone),
-                                    return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
+    await _start_together(stack, [*actors, *standbys])
     routers: list[tuple[str, NatsRouter]] = [
         (kind_of(actor.name), actor.router()) for actor in actors]
     routers += [(kind_of(s.store), routed(s.endpoints())) for s in standbys]
     if settings.routes and ownership is not None:  # the owner's side: it ships to standbys
-        for name in claimed:
-            if replication.movable(name):
-                primary = await _primary(settings, kinds, ownership, name)
-                stack.callback(replication.retire, name)
-                routers.append((kind_of(name), routed(primary.endpoints())))
-                following = asyncio.create_task(primary.follow(), name=f"follow-{name}")
-                stack.push_async_callback(cancelled, following)
-    if settings.routes and balance and (partitions := [
+        routers += await _primaries(settings, kinds, stack, ownership, claimed)
+    if settings.routes and balance:
+        await _balance(settings, kinds, stack, [
             name for name in single_writers(settings.partition_names())
-            if name.startswith("storage.") and (name in claimed or name in elsewhere)]):
-        balancer = Balancer(node=Disk.of(settings.data_dir, settings.node).node,
-                            names=partitions, bus=kinds.client("storage"),
-                            js=partial(kinds.jetstream, "storage"),
-                            replicas=settings.stream_replicas(),
-                            started=not settings.restarts)
-        await balancer.start()
-        stack.push_async_callback(balancer.stop)
+            if name.startswith("storage.") and (name in claimed or name in elsewhere)])
     for actor in actors:
         if isinstance(actor, GovernanceActor) and actor.partition is None:
             # the adapters of this process ask it here; in a cluster, every command: NATS
@@ -414,19 +388,81 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
             # partition's (docs/DECISIONS.md, "A cluster's REST and MCP adapters govern
             # every command in process")
             bus.here.update(actor.handlers() if settings.routes else answered([actor]))
-    for kind, router in routers:
-        if kind not in brokers:
-            brokers[kind] = kinds.broker(kind, graceful_timeout=settings.request_timeout_s)
-        brokers[kind].include_router(router)
-    for broker in brokers.values():
-        await broker.start()
-        stack.push_async_callback(broker.stop)
-        await broker.connection.flush()  # its subscriptions are known to the server from here on
+    await _serve(kinds, stack, routers, graceful_timeout=settings.request_timeout_s)
     if authority is not None and {"directory", authority.name}.isdisjoint(skip) and only is None:
         await authority.sync()
     log.info("actors started on %s", bus.url)
     return authority
 
+
+async def _start_together(stack: AsyncExitStack, everyone: list[Actor | Standby]) -> None:
+    """Every actor started at once: each opens its files or loads its model on threads of its
+    own, and none serves or asks another before the brokers start (`_serve`). Stopped together
+    too, after their brokers (nothing reaches them any more) and before their connections
+    close: each lets its consumers finish the batch in hand, and one after another would add
+    those waits up."""
+    started: list[Actor | Standby] = []
+    stack.push_async_callback(stop_together, started)
+
+    async def start(actor: Actor | Standby) -> None:
+        await actor.start()
+        started.append(actor)
+
+    outcomes = await asyncio.gather(*(start(actor) for actor in everyone),
+                                    return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _serve(kinds: KindConnections, stack: AsyncExitStack,
+                 routers: list[tuple[str, NatsRouter]], *, graceful_timeout: float) -> None:
+    """One broker per kind of connection serves its routers until `stack` closes."""
+    brokers: dict[str, NatsBroker] = {}
+    for kind, router in routers:
+        if kind not in brokers:
+            brokers[kind] = kinds.broker(kind, graceful_timeout=graceful_timeout)
+        brokers[kind].include_router(router)
+    for broker in brokers.values():
+        await broker.start()
+        stack.push_async_callback(broker.stop)
+        await broker.connection.flush()  # its subscriptions are known to the server from here on
+
+def _standby(settings: Settings, kinds: KindConnections, disk: Disk, name: str,
+             become: Callable[[], Awaitable[None]]) -> Standby:
+    """The standby of a store another node owns; `become` starts its actor here."""
+    kind = kind_of(name)
+    return Standby(name, node=disk.node, bus=kinds.client(kind),
+                   js=partial(kinds.jetstream, kind), data_dir=settings.data_dir,
+                   become=become, disk_home=disk.home(), replicas=settings.stream_replicas(),
+                   standbys=settings.standbys, stale=_derived(settings, name))
+
+
+async def _primaries(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
+                     ownership: Ownership, claimed: list[str]) -> list[tuple[str, NatsRouter]]:
+    """The owner's side of each store claimed here that standbys copy: its routes, and its
+    `follow` running until `stack` closes."""
+    routers = []
+    for name in claimed:
+        if replication.movable(name):
+            primary = await _primary(settings, kinds, ownership, name)
+            stack.callback(replication.retire, name)
+            routers.append((kind_of(name), routed(primary.endpoints())))
+            following = asyncio.create_task(primary.follow(), name=f"follow-{name}")
+            stack.push_async_callback(cancelled, following)
+    return routers
+
+
+async def _balance(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
+                   partitions: list[str]) -> None:
+    """This node pulls its share of `partitions` (`cluster.balance`) until `stack` closes."""
+    if not partitions:
+        return
+    balancer = Balancer(node=Disk.of(settings.data_dir, settings.node).node, names=partitions,
+                        bus=kinds.client("storage"), js=partial(kinds.jetstream, "storage"),
+                        replicas=settings.stream_replicas(), started=not settings.restarts)
+    await balancer.start()
+    stack.push_async_callback(balancer.stop)
 
 async def _homed_elsewhere(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
                            disk: Disk, names: list[str]) -> set[str]:
