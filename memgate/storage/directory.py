@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 
 from memgate.storage import compaction
+from memgate.storage.named import named
 from memgate.storage.transaction import transaction
 
 SCHEMA = """
@@ -94,16 +95,14 @@ class DirectoryStore:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._db = compaction.open_owned(path, SCHEMA)
-        self._workspaces = {row[0]: WorkspaceRow(*row) for row in
-                            self._db.execute("SELECT * FROM workspaces").fetchall()}
-        self._members = {row[0]: MemberRow(*row) for row in
-                         self._db.execute("SELECT * FROM members").fetchall()}
+        self._workspaces = {w.workspace_id: w for w in named(
+            WorkspaceRow, self._db.execute("SELECT * FROM workspaces"))}
+        self._members = {m.member_id: m for m in named(
+            MemberRow, self._db.execute("SELECT * FROM members"))}
         self._member_tokens = {m.token_hash: m.member_id for m in self._members.values()}
-        self._credentials = {row[0]: CredentialRow(row[0], row[1], row[2], tuple(row[3]), row[4],
-                                                   row[5])
-                             for row in self._db.execute(
+        self._credentials = {c.credential_id: c for c in named(CredentialRow, self._db.execute(
             "SELECT credential_id, workspace_id, member_id, scopes, context_set_id, token_hash "
-            "FROM credentials WHERE NOT revoked").fetchall()}
+            "FROM credentials WHERE NOT revoked"), scopes=tuple)}
         self._credential_tokens = {c.token_hash: c.credential_id
                                    for c in self._credentials.values()}
 

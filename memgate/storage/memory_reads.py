@@ -4,11 +4,13 @@ catalogs and texts, from the in-memory mirror when it holds the answer, else fro
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import duckdb
 
 from memgate.storage.memory_rows import CatalogRow, Filters, Row, aware, allows, naive, row_of
+from memgate.storage.named import named
 from memgate.storage.recent import Recent, Version
 
 _COLUMNS = ("memory_id, seq, namespace, key, collection_id, text, created_at, superseded_at, "
@@ -64,12 +66,9 @@ class MemoryReads:
         if before_seq is not None:
             where += " AND seq < ?"
             params.append(before_seq)
-        rows = self._db.execute(
+        return named(Row, self._db.execute(
             f"SELECT {_COLUMNS} FROM memories WHERE {where} ORDER BY seq DESC LIMIT ?",
-            [*params, limit],
-        ).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], r[6].replace(tzinfo=UTC), aware(r[7]),
-                    r[8], r[9]) for r in rows]
+            [*params, limit]), created_at=aware, superseded_at=aware)
 
     def high_seq(self, tenant: str, subject_id: str) -> int:
         """The seq of the owner's newest version (0: none). Channels that have applied it have
@@ -121,10 +120,9 @@ class MemoryReads:
         found, unknown = self._known_rows(filters, naive(as_of), memory_ids)
         if unknown:
             where, params = self._where(filters, as_of)
-            read = [Version(r[0], r[1], filters.tenant, filters.subject_id, *r[2:])
-                    for r in self._db.execute(
-                        f"SELECT {_COLUMNS} FROM memories WHERE {where} AND memory_id = ANY(?)",
-                        [*params, unknown]).fetchall()]
+            read = named(partial(Version, tenant=filters.tenant, subject_id=filters.subject_id),
+                         self._db.execute(f"SELECT {_COLUMNS} FROM memories WHERE {where} "
+                                          "AND memory_id = ANY(?)", [*params, unknown]))
             self._mirror.read(read)  # as read: the filters hid no held version among them
             found += [row_of(v) for v in read]
         return found
@@ -147,13 +145,11 @@ class MemoryReads:
         (else None: a first load of thousands of rows needs none)."""
         if (held := self._mirror.above((tenant, subject_id), after_seq)) is not None:
             return [_catalog_row(v, texts) for v in held]
-        rows = self._db.execute(
+        return named(CatalogRow, self._db.execute(
             "SELECT memory_id, seq, namespace, key, collection_id, created_at, superseded_at, "
-            f"legal_hold, {'text' if texts else 'NULL'} FROM memories WHERE tenant = ? "
-            "AND subject_id = ? AND seq > ? ORDER BY seq", [tenant, subject_id, after_seq]
-        ).fetchall()
-        return [CatalogRow(r[0], r[1], r[2], r[3], r[4], r[5].replace(tzinfo=UTC), aware(r[6]),
-                           r[7], r[8]) for r in rows]
+            f"legal_hold, {'text' if texts else 'NULL AS text'} FROM memories WHERE tenant = ? "
+            "AND subject_id = ? AND seq > ? ORDER BY seq", [tenant, subject_id, after_seq]),
+            created_at=aware, superseded_at=aware)
 
     def known_catalog(self, tenant: str, subject_id: str, after_seq: int, *,
                       texts: bool = False) -> tuple[int, list[CatalogRow]] | None:

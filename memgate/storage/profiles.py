@@ -26,6 +26,7 @@ from memgate.contracts.profiles import (
     StoredProfile, StoredSettings,
 )
 from memgate.storage.directory import new_id
+from memgate.storage.named import named
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS profile_settings (
@@ -81,14 +82,13 @@ class ProfileStore:
 
     def __init__(self, connection: Callable[[], duckdb.DuckDBPyConnection]) -> None:
         self._db = connection
-        self._settings = {row[0]: StoredSettings(enabled=row[1], schema_text=row[2],
-                                                 custom_instructions=row[3])
-                          for row in self._db().execute(
-                              "SELECT * FROM profile_settings").fetchall()}
-        self._profiles: dict[tuple[str, str], ProfileRow] = {}
-        for row in self._db().execute("SELECT * FROM profiles").fetchall():
-            profile = ProfileRow(*row)
-            self._profiles[(profile.space_id, profile.user_id)] = profile
+        self._settings = {space_id: StoredSettings(enabled=enabled, schema_text=schema_text,
+                                                   custom_instructions=instructions)
+                          for space_id, enabled, schema_text, instructions in self._db().execute(
+                              "SELECT space_id, enabled, schema_text, custom_instructions "
+                              "FROM profile_settings").fetchall()}
+        self._profiles = {(p.space_id, p.user_id): p for p in named(
+            ProfileRow, self._db().execute("SELECT * FROM profiles"))}
         self._jobs: dict[str, dict[str, Job]] = {}  # by space, by job id (oldest first)
         self._keys: dict[tuple[str, str], tuple[str, JobRequest]] = {}
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from memgate.contracts.base import canonical_id
 from memgate.storage import compaction, profiles
 from memgate.storage.directory import new_id
+from memgate.storage.named import named
 from memgate.storage.quotas import SPACES, Key, Quota, Usage
 from memgate.storage.transaction import transaction
 
@@ -86,14 +87,13 @@ class SpaceStore(compaction.Rewritable):
     def __init__(self, path: Path, *, quota: Quota = SPACES) -> None:
         self._path = path
         self._db = compaction.open_owned(path, SCHEMA)
-        self._spaces = {row[0]: SpaceRow(*row) for row in
-                        self._db.execute("SELECT * FROM spaces").fetchall()}
+        self._spaces = {space.space_id: space for space in named(
+            SpaceRow, self._db.execute("SELECT * FROM spaces"))}
         self._shares: dict[str, dict[str, str]] = {}
         for space_id, member_id, role in self._db.execute("SELECT * FROM shares").fetchall():
             self._shares.setdefault(space_id, {})[member_id] = role
         self._entities: dict[str, dict[Ids, EntityRow]] = {}
-        for row in self._db.execute(f"SELECT {ENTITY_COLUMNS} FROM entities").fetchall():
-            entity = EntityRow(*row)
+        for entity in named(EntityRow, self._db.execute(f"SELECT {ENTITY_COLUMNS} FROM entities")):
             self._entities.setdefault(entity.space_id, {})[entity.ids] = entity
         # Pending rows this process wrote, none of whose adds stored yet: the adds under way.
         self._fresh: dict[str, dict[Ids, int]] = {}
