@@ -51,9 +51,8 @@ from memgate.contracts.reply import ErrorBody
 from memgate.contracts.mem0 import (
     BATCH_MAX, MESSAGES_MAX, PAGE_SIZE_MAX, TEXT_MAX, AddMemories, Added, AddResults,
     BatchDelete, BatchUpdate, ExtractEvent, ExtractRequest, Extracted, History, HistoryEntry,
-    ImportedMemory,
-    ImportMemories, ImportOutcome, ImportResults, ListMemories, Mem0Memory, Mem0Message,
-    MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
+    ImportedMemory, ImportMemories, ImportOutcome, ImportResults, ListMemories, Mem0Memory,
+    Mem0Message, MemoryPage, Message, Ping, SearchMemories, SearchResults, UpdateMemory,
 )
 from memgate.contracts.spaces import Entity, Permission, SpaceAccess, SpaceRole
 from memgate.actors.space_entities import SpaceEntities
@@ -68,7 +67,7 @@ from memgate.policy.metadata import (
     MemoryFilter, expiry_of, masked_metadata, memory_filter, shown_at,
 )
 from memgate.ports.bus import Requester
-from memgate.policy.idempotency import key_hash as idempotency_key, keyed
+from memgate.policy import idempotency
 from memgate.ports.llm import ChatModel, unavailable
 from memgate.ports.profiles import BusProfileState
 from memgate.ports.spaces import BusSpaces, Spaces
@@ -89,8 +88,6 @@ ADDED_MAX = max(MESSAGES_MAX, extraction.FACTS_MAX)
 B = TypeVar("B", bound=Contract)
 
 __all__ = ["SpaceMemoriesActor"]
-
-
 
 
 def _memory_id(envelope: Envelope) -> str:
@@ -146,7 +143,7 @@ def _int_param(envelope: Envelope, name: str, default: int, high: int) -> int:
 
 def _keyed(member_id: str, key_hash: str, count: int) -> list[str]:
     """The mem0 ids of the memories an add under an idempotency key stores, by place."""
-    return [keyed(member_id, key_hash, str(place)) for place in range(count)]
+    return [idempotency.keyed(member_id, key_hash, str(place)) for place in range(count)]
 
 
 def _ids(entity: Entity | None) -> dict[str, Any]:
@@ -497,7 +494,7 @@ class SpaceMemoriesActor(ActorBase):
         body = _body(AddMemories, envelope)
         entity = entity_of(body.filters, user_id=body.user_id, agent_id=body.agent_id,
                            run_id=body.run_id)
-        key_hash = idempotency_key(envelope.params)
+        key_hash = idempotency.key_hash(envelope.params)
         if key_hash is not None and (first := await self._first_added(
                 _owner(access.workspace_id, access.space_id), access.member_id, key_hash)):
             entities = await self._entities(access.space_id, first)
@@ -680,7 +677,7 @@ class SpaceMemoriesActor(ActorBase):
         await self._storage.forget(StoreForget(
             owner=_owner(access.workspace_id, access.space_id),
             key=_memory_id(envelope), member_id=access.member_id,
-            idempotency=idempotency_key(envelope.params)))
+            idempotency=idempotency.key_hash(envelope.params)))
         return Mem0Message(message="Memory deleted successfully!")
 
     async def delete_all(self, envelope: Envelope) -> Mem0Message:

@@ -25,8 +25,6 @@ from memgate.contracts.profiles import (
     Profile, ProfileJobCreated, ProfileJobEnvelope, ProfileSettings,
 )
 
-KEY_HEADER_MAX = 256  # characters of an Idempotency-Key forwarded (the actor allows 8-128)
-
 # (method, path, the client's methods that call it) of each mem0 route memgate does not serve
 UNSERVED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v1/exports/", "create_memory_export"),
@@ -70,9 +68,8 @@ def router(send: Send, mark: Mark) -> APIRouter:
 
     @routes.post("/v2/profiles/jobs/", responses=responses(*COMMON, 409, 422))
     async def mem0_generate_profiles(request: Request) -> JSONResponse:
-        key = (request.headers.get("Idempotency-Key") or "")[:KEY_HEADER_MAX]
         return JSONResponse(_json(await forward(request, "profile_job", ProfileJobCreated,
-                                                body=True, idempotencyKey=key)))
+                                                body=True)))
 
     @routes.get("/v2/profiles/jobs/{jobId}/", responses=READS)
     async def mem0_get_profile_job(request: Request) -> JSONResponse:
