@@ -76,12 +76,14 @@ class Node:
 
 
 @asynccontextmanager
-async def three_nodes(root: Path) -> AsyncIterator[list[Node]]:
+async def three_nodes(root: Path, env: dict[str, str] | None = None,
+                      ) -> AsyncIterator[list[Node]]:
+    """Three clustered `memgate up` nodes under `root`, healthy; `env` added to theirs."""
     cluster_ports = [free_port() for _ in range(NODES)]
     routes = ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)
     env = {**os.environ, "MEMGATE_ADMIN_TOKEN": ADMIN,
            "MEMGATE_LIMIT_REMEMBERS_PER_HOUR": "1000000",
-           "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000"}
+           "MEMGATE_LIMIT_VERSIONS_PER_MEMBER": "1000000", **(env or {})}
     async with AsyncExitStack() as stack:
         nodes = []
         for n in range(NODES):

@@ -153,6 +153,12 @@ async def memgate_up(**env_overrides: str) -> AsyncIterator[Running]:
 
 
 async def agent_token(running: Running) -> str:
+    return (await workspace_agent(running))[1]
+
+
+async def workspace_agent(running: Running) -> tuple[str, str]:
+    """A new workspace, agent memories on, and an agent credential of its owner: (workspace
+    id, token)."""
     http = running.http
     created = (
         await http.post(
@@ -173,7 +179,7 @@ async def agent_token(running: Running) -> str:
             json={"name": "bench", "scopes": ["memory:read", "memory:write"]},
         )
     ).json()
-    return str(created["token"])
+    return ws, str(created["token"])
 
 
 async def consumers_idle(

@@ -6,7 +6,8 @@ at a time (a majority always stays: JetStream's quorum):
 - SIGSTOP of a node's tree past its leases, then SIGCONT;
 - kill -9, the node's data directory deleted, started again empty.
 
-Four REST agents remember under idempotency keys through random live nodes all along. Once
+Four REST agents, each in a workspace of its own, remember under idempotency keys
+through random live nodes all along. Once
 every node is healthy again, `bench.faults.check` lists the memories through every node:
 every acknowledged write listed exactly once through every node, with the id it was answered;
 no write answered 503 visible; a write that timed out or answered 504 visible at most once,
@@ -30,7 +31,7 @@ async def test_a_fault_schedule_loses_no_acknowledged_write_and_shows_no_refused
     faults = schedule(SEED, len(KINDS))
     assert {fault.kind for fault in faults} == set(KINDS)
 
-    found = await under_faults(tmp_path, faults, agents=4, seed=SEED)
+    found = (await under_faults(tmp_path, faults, agents=4, seed=SEED)).found
 
     assert found["acknowledged"] > 100
     assert {name: found[name] for name in FAILURES} == dict.fromkeys(FAILURES, 0), found

@@ -269,6 +269,7 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         through = next(n for n in nodes if n is not home)
 
         # drained under load: every replicated store it served moves, nothing is lost
+        serving = _store_process(home)
         stop = asyncio.Event()
         load = asyncio.create_task(agent.load(through, stop))
         await asyncio.sleep(1.0)
@@ -280,6 +281,9 @@ async def test_a_drained_node_hands_its_stores_over_and_a_stopped_owner_commits_
         stores = await cluster_stores(through)
         moved = [name for name in REPLICATED if stores[name]["servedBy"] != home.name]
         assert moved == REPLICATED, stores
+        # each store handed over stopped alone: the process that served them did not start
+        # again (before, each step-down restarted it, pausing every store it served)
+        assert _store_process(home) == serving
         # the standby the drain handed the partition to is the one serving it
         [line] = [line for line in out.splitlines() if "storage.p0:" in line]
         assert f"moved to {stores['storage.p0']['servedBy']} " in line, line

@@ -75,7 +75,7 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
         served = [o.name for o in await cluster_status(js) if o.owner and o.owner.node == node]
         served.sort(key=lambda name: follows(name) is not None)  # derived: after their partitions
         say(f"memgate: {node} serves {len(served)} stores")
-        # from now on it pulls none back (its processes restart as standbys), until started again
+        # from now on it pulls none back (its stores run there as standbys), until started again
         await (await drained_bucket(js, replicas=settings.stream_replicas())).put(node, b"1")
         leases = await lease_bucket(js)
 
@@ -87,8 +87,8 @@ async def drain(settings: Settings, node: str, *, timeout_s: float,
                 say(f"  {name}: refused: {refused}")
                 return None
 
-        # first every home moves (nothing restarts yet), then each owner steps down: a process
-        # restarted by one step-down finds none of the others homed here any more
+        # first every home moves (nothing is handed over yet), then each owner steps down: a
+        # store handed over stops alone, and its standby finds none of the others homed here
         moving: dict[str, tuple[float, Drained]] = {}
         for name in served:
             if not movable(name):  # its files stay on this node's disk

@@ -313,17 +313,21 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                        logins: list[Login] | None = None,
                        governs: Collection[str] = PUBLIC_COMMANDS,
                        on_lost: Callable[[], Awaitable[None]] | None = None,
-                       balance: bool = False) -> NatsAuthorityActor | None:
+                       balance: bool = False,
+                       root: AsyncExitStack | None = None) -> NatsAuthorityActor | None:
     """Start the actors of this process (`only` those, and none in `skip`); `stack` stops them;
     governance takes the public commands `governs` from the bus. The single-writer actors are
     claimed first (`cluster.ownership`: else `OwnedElsewhereError`); `on_lost` runs if this
     process loses one of them, which from then on commits nothing. With `balance`, in a
     cluster, this process also pulls its node's share of the partitions (`cluster.balance`).
+    A store handed over (a drain) stops alone, and a standby of it follows its new owner
+    (`_hand_over`), until `root` (the process's stack; `stack` by default) closes.
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
     here too, else its owner calls `sync()` once the directory listens."""
     elsewhere: set[str] = set()  # stores another node owns: a standby of each runs here
+    root = root or stack
 
     def wanted(name: str) -> bool:
         return name not in skip and name not in elsewhere and (only is None or name in only)
@@ -331,24 +335,23 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     kinds = KindConnections(bus, timeout=settings.request_timeout_s,
                             replicas=settings.stream_replicas())
     standbys: list[Standby] = []
+    disk = Disk.of(settings.data_dir, settings.node)
+
+    async def become(name: str) -> None:
+        # all or nothing: a start that fails half way (JetStream electing leaders after a
+        # kill) stops what it started and gives its lease up, so the store is not left
+        # claimed with nothing serving it and no standby copying it
+        async with AsyncExitStack() as attempt:
+            await start_actors(settings, bus, attempt, only=frozenset({name}), server=server,
+                               logins=logins, governs=governs, on_lost=on_lost, root=root)
+            root.push_async_exit(attempt.pop_all())
+
     if settings.routes:  # clustered: every store has a standby on each other node (which
         # copies it if its owner wants one more: `Settings.standbys`)
         replication.record_under(settings.data_dir)
-        disk = Disk.of(settings.data_dir, settings.node)
         stores = [name for name in single_writers(settings.partition_names())
                   if wanted(name) and replication.movable(name)]
         elsewhere |= await _homed_elsewhere(settings, kinds, stack, disk, stores)
-
-        async def become(name: str) -> None:
-            # all or nothing: a start that fails half way (JetStream electing leaders after
-            # a kill) stops what it started and gives its lease up, so the store is not
-            # left claimed with nothing serving it and no standby copying it
-            async with AsyncExitStack() as attempt:
-                await start_actors(settings, bus, attempt, only=frozenset({name}),
-                                   server=server, logins=logins, governs=governs,
-                                   on_lost=on_lost)
-                stack.push_async_exit(attempt.pop_all())
-
         standbys = [_standby(settings, kinds, disk, name, partial(become, name))
                     for name in sorted(elsewhere)]
     actors = build_actors(settings, kinds, nats_authority=server is not None, wanted=wanted,
@@ -363,19 +366,23 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                                *(kind_of(standby.store) for standby in standbys)]):
         await kinds.connect(kind, stack)
     ownership = None
+    serving = _Serving(settings, kinds, root, disk, become)
     if claimed := [actor.name for actor in actors if owned(actor.name)]:
-        ownership = Ownership(kinds.jetstream(kind_of(claimed[0])),
-                              Disk.of(settings.data_dir, settings.node),
+        ownership = Ownership(kinds.jetstream(kind_of(claimed[0])), disk,
                               replicas=settings.stream_replicas(), ttl_s=settings.lease_ttl_s,
-                              on_lost=on_lost)
+                              on_lost=on_lost,
+                              on_step_down=serving.hand_over if settings.routes else None)
+        serving.ownership = ownership
         stack.push_async_callback(ownership.release)  # once the actors have stopped
         await ownership.claim(claimed)
-    await _start_together(stack, [*actors, *standbys])
-    routers: list[tuple[str, NatsRouter]] = [
-        (kind_of(actor.name), actor.router()) for actor in actors]
-    routers += [(kind_of(s.store), routed(s.endpoints())) for s in standbys]
+    serving.started = await _start_together(stack, [*actors, *standbys])
+    serving.actors = actors
+    routers: list[tuple[str, str | None, NatsRouter]] = [
+        (kind_of(actor.name), _stops_with(actor), actor.router()) for actor in actors]
+    routers += [(kind_of(s.store), None, routed(s.endpoints())) for s in standbys]
     if settings.routes and ownership is not None:  # the owner's side: it ships to standbys
-        routers += await _primaries(settings, kinds, stack, ownership, claimed)
+        routers += await _primaries(settings, kinds, stack, ownership, claimed,
+                                    serving.following)
     if settings.routes and balance:
         await _balance(settings, kinds, stack, [
             name for name in single_writers(settings.partition_names())
@@ -388,14 +395,16 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
             # partition's (docs/DECISIONS.md, "A cluster's REST and MCP adapters govern
             # every command in process")
             bus.here.update(actor.handlers() if settings.routes else answered([actor]))
-    await _serve(kinds, stack, routers, graceful_timeout=settings.request_timeout_s)
+    serving.brokers = await _serve(kinds, stack, routers,
+                                   graceful_timeout=settings.request_timeout_s)
     if authority is not None and {"directory", authority.name}.isdisjoint(skip) and only is None:
         await authority.sync()
     log.info("actors started on %s", bus.url)
     return authority
 
 
-async def _start_together(stack: AsyncExitStack, everyone: list[Actor | Standby]) -> None:
+async def _start_together(stack: AsyncExitStack,
+                          everyone: list[Actor | Standby]) -> list[Actor | Standby]:
     """Every actor started at once: each opens its files or loads its model on threads of its
     own, and none serves or asks another before the brokers start (`_serve`). Stopped together
     too, after their brokers (nothing reaches them any more) and before their connections
@@ -413,20 +422,79 @@ async def _start_together(stack: AsyncExitStack, everyone: list[Actor | Standby]
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
+    return started  # what `stop_together` stops: one handed over leaves it (`_Serving`)
 
 
 async def _serve(kinds: KindConnections, stack: AsyncExitStack,
-                 routers: list[tuple[str, NatsRouter]], *, graceful_timeout: float) -> None:
-    """One broker per kind of connection serves its routers until `stack` closes."""
-    brokers: dict[str, NatsBroker] = {}
-    for kind, router in routers:
-        if kind not in brokers:
-            brokers[kind] = kinds.broker(kind, graceful_timeout=graceful_timeout)
-        brokers[kind].include_router(router)
+                 routers: list[tuple[str, str | None, NatsRouter]], *,
+                 graceful_timeout: float) -> dict[tuple[str, str | None], NatsBroker]:
+    """One broker per kind of connection and store it stops with (None: the process) serves
+    its routers until `stack` closes (or the store is handed over: `_Serving`)."""
+    brokers: dict[tuple[str, str | None], NatsBroker] = {}
+    for kind, store, router in routers:
+        if (kind, store) not in brokers:
+            brokers[kind, store] = kinds.broker(kind, graceful_timeout=graceful_timeout)
+        brokers[kind, store].include_router(router)
     for broker in brokers.values():
         await broker.start()
         stack.push_async_callback(broker.stop)
         await broker.connection.flush()  # its subscriptions are known to the server from here on
+    return brokers
+
+
+def _stops_with(actor: Actor) -> str | None:
+    """The store a clustered actor stops with when that store is handed over: its own, or
+    for a partition's governance its partition's (None: it lives as long as its process)."""
+    if isinstance(actor, GovernanceActor) and actor.partition is not None:
+        return f"storage.{actor.partition}"
+    return actor.name if owned(actor.name) and replication.movable(actor.name) else None
+
+
+@dataclass
+class _Serving:
+    """What a clustered process serves of each store, so that a store handed over (a drain,
+    a rebuilt store following its partition: `PartitionLease.step_down`) stops alone: the
+    other stores of the process serve on, and none of them pauses."""
+
+    settings: Settings
+    kinds: KindConnections
+    root: AsyncExitStack
+    disk: Disk
+    become: Callable[[str], Awaitable[None]]
+    ownership: Ownership | None = None
+    actors: list[Actor] = field(default_factory=list)
+    started: list[Actor | Standby] = field(default_factory=list)
+    brokers: dict[tuple[str, str | None], NatsBroker] = field(default_factory=dict)
+    following: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    async def hand_over(self, name: str) -> None:
+        """`name`'s lease was given up: its brokers stop (nothing reaches its actor any more),
+        then its actor and its owner's side; then a standby of it follows the new owner (the
+        one that promoted it here, or a new one), as a process started again would."""
+        for key in [key for key in self.brokers if key[1] == name]:
+            await self.brokers.pop(key).stop()
+        for actor in [a for a in self.actors if _stops_with(a) == name]:
+            self.kinds.withdraw([endpoint.subject for endpoint in actor.endpoints()])
+            self.actors.remove(actor)
+            if actor in self.started:
+                self.started.remove(actor)
+                await stop_together([actor])
+        await cancelled(self.following.pop(name, None))
+        replication.retire(name)
+        if self.ownership is not None:
+            self.ownership.forget(name)
+        standby = replication.standby(name)
+        if standby is not None:
+            standby.resume()
+        else:
+            standby = _standby(self.settings, self.kinds, self.disk, name,
+                               partial(self.become, name))
+            await standby.start()
+            self.root.push_async_callback(stop_together, [standby])
+            await _serve(self.kinds, self.root, [(kind_of(name), None,
+                                                  routed(standby.endpoints()))],
+                         graceful_timeout=self.settings.request_timeout_s)
+        log.info("%s: handed over; a standby of it follows its new owner", name)
 
 def _standby(settings: Settings, kinds: KindConnections, disk: Disk, name: str,
              become: Callable[[], Awaitable[None]]) -> Standby:
@@ -439,17 +507,19 @@ def _standby(settings: Settings, kinds: KindConnections, disk: Disk, name: str,
 
 
 async def _primaries(settings: Settings, kinds: KindConnections, stack: AsyncExitStack,
-                     ownership: Ownership, claimed: list[str]) -> list[tuple[str, NatsRouter]]:
+                     ownership: Ownership, claimed: list[str],
+                     following: dict[str, asyncio.Task[None]],
+                     ) -> list[tuple[str, str | None, NatsRouter]]:
     """The owner's side of each store claimed here that standbys copy: its routes, and its
-    `follow` running until `stack` closes."""
-    routers = []
+    `follow` running (in `following`) until `stack` closes."""
+    routers: list[tuple[str, str | None, NatsRouter]] = []
     for name in claimed:
         if replication.movable(name):
             primary = await _primary(settings, kinds, ownership, name)
             stack.callback(replication.retire, name)
-            routers.append((kind_of(name), routed(primary.endpoints())))
-            following = asyncio.create_task(primary.follow(), name=f"follow-{name}")
-            stack.push_async_callback(cancelled, following)
+            routers.append((kind_of(name), name, routed(primary.endpoints())))
+            following[name] = asyncio.create_task(primary.follow(), name=f"follow-{name}")
+            stack.push_async_callback(cancelled, following[name])
     return routers
 
 

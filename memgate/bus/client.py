@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -71,7 +71,8 @@ class BusClient:
     `local`: subjects an actor of this process answers (in a `front` process: governance, for
     the REST and MCP adapters; recall, for governance and space-memories). Those requests go to
     its handler with the same bytes, without the two trips through the server, and fail as its
-    reply would; the result comes back as the handler made it.
+    reply would; the result comes back as the handler made it. A subject withdrawn from it
+    (`withdraw`: its actor stopped, the store handed over) goes over the bus again.
 
     `partition` (an agent's): commands go to its partition's node once a reply has named it;
     while nobody answers there (the partition is moving), to any governance."""
@@ -83,6 +84,11 @@ class BusClient:
         self._timeout = timeout
         self._local = dict(local or {})
         self._partition = partition
+
+    def withdraw(self, subjects: Collection[str]) -> None:
+        """These subjects' actors no longer run in this process: asked over the bus."""
+        for subject in subjects:
+            self._local.pop(subject, None)
 
     @classmethod
     async def connect(cls, url: str, *, name: str, timeout: float = 10.0,

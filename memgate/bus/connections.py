@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
@@ -40,13 +40,22 @@ class KindConnections:
         self._timeout = timeout
         self._replicas = replicas  # of the events streams
         self._connections: dict[str, NatsClient] = {}
+        self._clients: list[BusClient] = []  # those answered in process for some subjects
 
     def _nc(self, kind: str) -> NatsClient:
         return self._connections.setdefault(kind, NatsClient())
 
     def client(self, kind: str, *, local: Mapping[str, Handler] | None = None) -> BusClient:
         """A client on `kind`'s connection; `local`: subjects an actor of this process answers."""
-        return BusClient(self._nc(kind), timeout=self._timeout, local=local)
+        client = BusClient(self._nc(kind), timeout=self._timeout, local=local)
+        if local:
+            self._clients.append(client)
+        return client
+
+    def withdraw(self, subjects: Collection[str]) -> None:
+        """Every client made here asks these subjects over the bus from now on (`BusClient`)."""
+        for client in self._clients:
+            client.withdraw(subjects)
 
     def publisher(self, kind: str) -> EventPublisher:
         return EventPublisher(self._nc(kind), replicas=self._replicas)

@@ -121,6 +121,7 @@ class RoutesBroker(NatsBroker):
         self._graceful_timeout = graceful_timeout
         self._routes: list[Endpoint] = []
         self._replies: list[ReplySubscription] = []
+        self._stopped = False
 
     def include_router(self, router: Any, **options: Any) -> None:
         if not isinstance(router, NatsRouter):
@@ -139,7 +140,11 @@ class RoutesBroker(NatsBroker):
             self._replies.append(reply)
 
     async def stop(self, *args: Any) -> None:
-        """Drain the reply subscriptions (up to `graceful_timeout`), then faststream's."""
+        """Drain the reply subscriptions (up to `graceful_timeout`), then faststream's; once
+        (a store handed over stops its brokers before its process does)."""
+        if self._stopped:
+            return
+        self._stopped = True
         replies, self._replies = self._replies, []
         if replies:
             drained = asyncio.gather(*(reply.drain() for reply in replies))

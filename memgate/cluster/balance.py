@@ -37,7 +37,7 @@ log = logging.getLogger("memgate.cluster")
 
 BALANCE_EVERY_S = 5.0  # how often a node compares its share with the others'
 # The nodes an operator drained (`memgate cluster drain`): a drained node takes no partition
-# back, though its processes restart as standbys, until `memgate up` starts it again.
+# back, though its stores run there as standbys, until `memgate up` starts it again.
 DRAINED = "MEMGATE_DRAINED"
 SETTLE_S = 15.0  # after asking for a partition, before it looks again
 

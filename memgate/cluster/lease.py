@@ -102,12 +102,14 @@ class PartitionLease:
     """One node's hold on one partition: `acquire`, then `keep` renews it in the background.
 
     `check()` is what a write path calls before it commits: it raises `LeaseLostError` unless
-    the lease is held and cannot have expired. `on_lost` runs once, when the lease is lost.
+    the lease is held and cannot have expired. `on_lost` runs once, when the lease is lost;
+    `on_step_down`, if given, instead of it when the lease is given up (`step_down`).
     """
 
     def __init__(self, kv: KeyValue, partition: str, node: str, *, ttl_s: float = TTL_S,
                  margin_s: float = MARGIN_S, renew_every_s: float = RENEW_EVERY_S,
                  on_lost: Callable[[], Awaitable[None]] | None = None,
+                 on_step_down: Callable[[], Awaitable[None]] | None = None,
                  about: Mapping[str, str | int] | None = None) -> None:
         assert renew_every_s < ttl_s - margin_s, "renewals must come before the lease ends"
         self._kv = kv
@@ -117,6 +119,7 @@ class PartitionLease:
         self._margin_s = margin_s
         self._renew_every_s = renew_every_s
         self._on_lost = on_lost
+        self._on_step_down = on_step_down
         self._about = dict(about or {})
         self.lease: Lease | None = None
         self._valid_until = 0.0
@@ -199,8 +202,9 @@ class PartitionLease:
             await self._on_lost()
 
     async def step_down(self) -> None:
-        """Commit nothing more under this lease from now on, give it up, and run `on_lost`
-        (a drain: a standby takes the partition over as soon as the lease is gone)."""
+        """Commit nothing more under this lease from now on, give it up, and run
+        `on_step_down` (else `on_lost`): a drain, a standby takes the partition over as soon as
+        the lease is gone."""
         lease, valid = self.lease, self.valid()
         self._lost = True  # `check()` refuses every commit from here on
         await cancelled(self._keeper)
@@ -209,8 +213,9 @@ class PartitionLease:
                 await self._kv.delete(self.partition, last=lease.revision)
         log.info("gave up the lease of %s (epoch %s)", self.partition,
                  lease.epoch if lease else None)
-        if self._on_lost is not None:
-            await self._on_lost()
+        stepped = self._on_step_down or self._on_lost
+        if stepped is not None:
+            await stepped()
 
     async def release(self) -> None:
         """Stop renewing and give the partition up at once (a graceful stop)."""

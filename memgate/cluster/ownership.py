@@ -180,7 +180,7 @@ class Ownership:
 
     def __init__(self, js: JetStreamContext, disk: Disk, *, replicas: int = 1,
                  ttl_s: float = TTL_S, on_lost: Callable[[], Awaitable[None]] | None = None,
-                 ) -> None:
+                 on_step_down: Callable[[str], Awaitable[None]] | None = None) -> None:
         self._js = js
         self._disk = disk
         self._replicas = replicas
@@ -188,6 +188,7 @@ class Ownership:
         self._margin_s = min(MARGIN_S, ttl_s / 5)
         self._renew_s = min(RENEW_EVERY_S, ttl_s / 5)
         self._on_lost = on_lost
+        self._on_step_down = on_step_down
         self.leases: dict[str, PartitionLease] = {}
         self._buckets: tuple[KeyValue, KeyValue] | None = None
 
@@ -211,7 +212,9 @@ class Ownership:
         await self._home(homes, name)
         lease = PartitionLease(leases, name, self._disk.node, ttl_s=self._ttl_s,
                                margin_s=self._margin_s, renew_every_s=self._renew_s,
-                               on_lost=self._lost, about=self._disk.about())
+                               on_lost=self._lost, about=self._disk.about(),
+                               on_step_down=None if self._on_step_down is None else
+                               partial(self._on_step_down, name))
         await self._acquire(leases, lease)
         self.leases[name] = lease
         fence.hold(lease)
@@ -246,6 +249,12 @@ class Ownership:
     async def _lost(self) -> None:
         if self._on_lost is not None:
             await self._on_lost()
+
+    def forget(self, name: str) -> None:
+        """`name`'s lease, given up (`PartitionLease.step_down`), no longer this process's."""
+        lease = self.leases.pop(name, None)
+        if lease is not None:
+            fence.drop(lease)
 
     async def release(self) -> None:
         for lease in self.leases.values():

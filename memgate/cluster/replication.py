@@ -387,8 +387,8 @@ class Join(Contract):
 
 class Drain(Contract):
     """Move the store's home to an in-sync standby (`to`, or the first); with `step_down`,
-    also give its lease up (the process restarts as a standby, and the new home's standby
-    takes the store over)."""
+    also give its lease up (the store stops alone, a standby of it runs in its place, and
+    the new home's standby takes the store over)."""
 
     to: str | None = None
     step_down: bool = True
@@ -735,9 +735,10 @@ class Primary:
     async def drain(self, payload: bytes) -> Drained:
         """Hand the store over: its home moves to an in-sync standby (once: asked again, it
         stays where it went), then, with `step_down`, this process commits nothing more for
-        it and starts again (`step_down`), as a standby; the new home's standby takes the
-        store over once the lease is gone. A drain moves every home of a node first and steps
-        down after, so a process restarted by one step-down claims none of the others."""
+        it and stops it alone, a standby of it in its place (`PartitionLease.step_down`); the
+        new home's standby takes the store over once the lease is gone. A drain moves every
+        home of a node first and steps down after, so a standby started by one step-down
+        finds none of the others homed here."""
         request = Drain.model_validate_json(payload or b"{}")
         async with self._draining:  # the second finds the home moved by the first
             entry = await self._homes.get(self.name)
@@ -877,6 +878,16 @@ class Standby:
             self._copied = any(path.exists() for path in self._paths())
         _standbys[self.store] = self
         self._task = asyncio.create_task(self._follow(mark), name=self.name)
+
+    def resume(self) -> None:
+        """This process serves the store no more (it handed it over after this standby
+        promoted it): follow its new owner again, from whatever copy its files are."""
+        if self._task is not None and not self._task.done():
+            return
+        _standbys[self.store] = self
+        self._epoch, self._pulling = 0, None
+        self._copied = any(path.exists() for path in self._paths())
+        self._task = asyncio.create_task(self._follow(None), name=self.name)
 
     def pull(self, epoch: int) -> None:
         """Copy the store (beyond the standbys its owner keeps) to take it over from the owner

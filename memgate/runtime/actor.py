@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Generic, Protocol, TypeVar, overload
 
 from memgate.cluster import fence, replication
@@ -146,7 +147,7 @@ class Serial:
     def __init__(self, name: str, *, background: bool = False) -> None:
         self._name = name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
-                                        initializer=_lower_priority if background else None)
+                                        initializer=partial(_started, name, background))
         replication.writer(name, self.unreplicated)
 
     async def __call__(self, fn: Callable[..., R], *args: object) -> R:
@@ -163,6 +164,14 @@ class Serial:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _started(name: str, background: bool) -> None:
+    """A writer thread's start: the store it writes, for `cluster.fence`; a background one
+    yields the CPU."""
+    fence.writing(name)
+    if background:
+        _lower_priority()
 
 
 def _fenced(fn: Callable[..., R], *args: object) -> R:
