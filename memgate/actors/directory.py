@@ -99,7 +99,7 @@ class DirectoryActor(ActorBase):
     async def stop(self) -> None:
         await cancelled(*self._sweeps)
         if (store := DirectoryActor.store.take(self)) is not None:
-            await self._serial(store.close)
+            await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

@@ -146,7 +146,7 @@ class EmbedderActor(ActorBase):
         if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
         if (vectors := EmbedderActor.vectors.take(self)) is not None:
-            await self._store_thread(vectors.close)
+            await self._store_thread.unreplicated(vectors.close)
         self._model_thread.shutdown()
         self._urgent_thread.shutdown()
         self._store_thread.shutdown()

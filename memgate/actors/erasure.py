@@ -127,7 +127,7 @@ class ErasureActor(ActorBase):
         for task in list(self._running):
             await asyncio.wait({task}, timeout=30)
         if (store := ErasureActor.store.take(self)) is not None:
-            await self._serial(store.close)
+            await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

@@ -98,7 +98,7 @@ class IndexerActor(ActorBase):
         for thread in self._threads:
             thread.shutdown()
         if (indexes := IndexerActor.indexes.take(self)) is not None:
-            await self._commits(indexes.close)
+            await self._commits.unreplicated(indexes.close)
         self._commits.shutdown()
 
     async def _commit(self) -> None:

@@ -60,7 +60,7 @@ class RegistryActor(ActorBase):
     async def stop(self) -> None:
         await self._relay.stop()
         if (store := RegistryActor.store.take(self)) is not None:
-            await self._serial(store.close)
+            await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

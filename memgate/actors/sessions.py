@@ -170,7 +170,7 @@ class SessionsActor(ActorBase):
         await cancelled(self._ticker)
         async with self._running:  # a run in progress finishes first
             if (store := SessionsActor.store.take(self)) is not None:
-                await self._serial(store.close)
+                await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

@@ -102,7 +102,7 @@ class SpacesActor(ActorBase):
 
     async def stop(self) -> None:
         if (store := SpacesActor.store.take(self)) is not None:
-            await self._serial(store.close)
+            await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

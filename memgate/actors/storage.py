@@ -151,7 +151,7 @@ class StorageActor(ActorBase):
         await self._cascade.stop()
         await self._relay.stop()
         if (store := StorageActor.store.take(self)) is not None:
-            await self._serial(store.close)
+            await self._serial.unreplicated(store.close)
         self._serial.shutdown()
 
     def endpoints(self) -> list[Endpoint]:

@@ -159,7 +159,9 @@ class Serial:
             await loop.run_in_executor(self._pool, primary.journal, loop, _fenced, fn, *args))
 
     async def unreplicated(self, fn: Callable[[], R]) -> R:
-        """`fn` on the thread, between two calls, its writes not shipped (a copy's)."""
+        """`fn` on the thread, between two calls, neither fenced nor shipped: a copy's writes,
+        and a store's close (a store handed over closes its files all the same: left open, a
+        file this process opens again would join the stale database, `compaction.plain`)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def shutdown(self) -> None:

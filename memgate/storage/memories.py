@@ -138,9 +138,11 @@ class MemoryStore(MemoryReads, compaction.Rewritable):
         self._counted: dict[tuple[str, str], int] = {}  # (tenant, member) → versions written
 
     def close(self) -> None:
-        self._unsent.flush(self._db)
-        self._db.execute("CHECKPOINT")
-        self._db.close()
+        try:  # the sent events forgotten: a write, refused for a store handed over (fenced)
+            self._unsent.flush(self._db)
+            self._db.execute("CHECKPOINT")
+        finally:  # the file closed all the same (`runtime.actor.Serial.unreplicated`)
+            self._db.close()
 
 
     def _instant(self) -> datetime:
