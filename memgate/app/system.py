@@ -366,7 +366,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
                                *(kind_of(standby.store) for standby in standbys)]):
         await kinds.connect(kind, stack)
     ownership = None
-    serving = _Serving(settings, kinds, root, disk, become)
+    serving = _Serving(settings, kinds, root, disk, become, on_lost)
     if claimed := [actor.name for actor in actors if owned(actor.name)]:
         ownership = Ownership(kinds.jetstream(kind_of(claimed[0])), disk,
                               replicas=settings.stream_replicas(), ttl_s=settings.lease_ttl_s,
@@ -461,6 +461,7 @@ class _Serving:
     root: AsyncExitStack
     disk: Disk
     become: Callable[[str], Awaitable[None]]
+    on_lost: Callable[[], Awaitable[None]] | None = None
     ownership: Ownership | None = None
     actors: list[Actor] = field(default_factory=list)
     started: list[Actor | Standby] = field(default_factory=list)
@@ -483,18 +484,30 @@ class _Serving:
         replication.retire(name)
         if self.ownership is not None:
             self.ownership.forget(name)
+        try:
+            await self._follow(name)
+        except Exception as exc:  # JetStream unanswering: the process starts again instead
+            log.error("%s: handed over, no standby of it here (%s): starting again", name,
+                      type(exc).__name__)
+            if self.on_lost is not None:
+                await self.on_lost()
+            return
+        log.info("%s: handed over; a standby of it follows its new owner", name)
+
+    async def _follow(self, name: str) -> None:
+        """A standby of `name` in this process follows its new owner: the one that promoted it
+        here, or a new one."""
         standby = replication.standby(name)
         if standby is not None:
             standby.resume()
-        else:
-            standby = _standby(self.settings, self.kinds, self.disk, name,
-                               partial(self.become, name))
-            await standby.start()
-            self.root.push_async_callback(stop_together, [standby])
-            await _serve(self.kinds, self.root, [(kind_of(name), None,
-                                                  routed(standby.endpoints()))],
-                         graceful_timeout=self.settings.request_timeout_s)
-        log.info("%s: handed over; a standby of it follows its new owner", name)
+            return
+        standby = _standby(self.settings, self.kinds, self.disk, name,
+                           partial(self.become, name))
+        await standby.start()
+        self.root.push_async_callback(stop_together, [standby])
+        await _serve(self.kinds, self.root, [(kind_of(name), None, routed(standby.endpoints()))],
+                     graceful_timeout=self.settings.request_timeout_s)
+
 
 def _standby(settings: Settings, kinds: KindConnections, disk: Disk, name: str,
              become: Callable[[], Awaitable[None]]) -> Standby:
