@@ -321,7 +321,7 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
     process loses one of them, which from then on commits nothing. With `balance`, in a
     cluster, this process also pulls its node's share of the partitions (`cluster.balance`).
     A store handed over (a drain) stops alone, and a standby of it follows its new owner
-    (`_hand_over`), until `root` (the process's stack; `stack` by default) closes.
+    (`_Serving.hand_over`), until `root` (the process's stack; `stack` by default) closes.
 
     With `server` (the embedded one), the nats-authority keeps its users: `logins` and the
     agents the directory knows. It is returned; it has loaded those agents if the directory runs
@@ -377,8 +377,10 @@ async def start_actors(settings: Settings, bus: Bus, stack: AsyncExitStack, *,
         await ownership.claim(claimed)
     serving.started = await _start_together(stack, [*actors, *standbys])
     serving.actors = actors
+    # a broker per store in a cluster (a store handed over stops alone), per kind alone
     routers: list[tuple[str, str | None, NatsRouter]] = [
-        (kind_of(actor.name), _stops_with(actor), actor.router()) for actor in actors]
+        (kind_of(actor.name), _stops_with(actor) if settings.routes else None, actor.router())
+        for actor in actors]
     routers += [(kind_of(s.store), None, routed(s.endpoints())) for s in standbys]
     if settings.routes and ownership is not None:  # the owner's side: it ships to standbys
         routers += await _primaries(settings, kinds, stack, ownership, claimed,
