@@ -38,7 +38,7 @@ from memgate.app.layout import group_named
 from memgate.app.settings import Settings
 from memgate.app.logins import internal_logins
 from memgate.app.system import (
-    Bus, actor_names, external_bus, internal_bus, start_actors, store_names,
+    Bus, actor_names, external_bus, internal_bus, start_taking_turns, store_names,
 )
 from memgate.observe import tracing
 from memgate.runtime.actor import hand_off_the_gil_promptly
@@ -141,8 +141,8 @@ async def run_group(settings: Settings, group: str, nats_url: str, *, ready_fd: 
         stop.set()
 
     async with AsyncExitStack() as stack:
-        await start_actors(settings, bus, stack, only=members.actors, governs=members.governs,
-                           on_lost=on_lost, balance=True)
+        await start_taking_turns(settings, bus, stack, only=members.actors,
+                                 governs=members.governs, on_lost=on_lost, balance=True)
         http: HttpServer | None = None
         serving: asyncio.Task[None] | None = None
         if members.rest and http_fd is not None:
