@@ -18,7 +18,8 @@ from nats.aio.msg import Msg
 from memgate.actors.indexer import IndexerActor
 from memgate.bus import BusClient
 from memgate.contracts import RememberResult
-from memgate.contracts.internal import Owner, StoreRemember
+from memgate.bus import subjects
+from memgate.contracts.internal import EmbedProgress, Owner, StoreRemember
 from memgate.policy.fusion import rrf
 from tests.agents import Agent
 from tests.conftest import Memgate, eventually, run_memgate
@@ -330,6 +331,38 @@ async def test_recalls_right_after_a_burst_find_their_facts_by_meaning(tmp_path:
     async with AsyncExitStack() as stack:
         await recalled_after_a_burst(await run_memgate(
             tmp_path, stack, recall_cosine_deadline_ms=BURST_DEADLINE_MS))
+
+
+async def test_a_burst_of_remembers_waits_for_the_embedder_not_the_recalls_after_it(
+        tmp_path: Path) -> None:
+    """Issue 44: remembers wait while their partition's embedder has `embedding_backlog`
+    versions left (`runtime.backpressure`), so a burst leaves no backlog that the recalls after
+    it would wait for (read-your-writes). 80 remembers at once: the embedder never has more
+    than twice the limit (16) in hand. Without the gate it had 41 at once (and more the slower
+    it is beside the writes)."""
+    async with AsyncExitStack() as stack:
+        memgate = await run_memgate(tmp_path, stack)
+        told: list[EmbedProgress] = []
+
+        async def heard(msg: Msg) -> None:
+            told.append(EmbedProgress.model_validate_json(msg.data))
+
+        nc = await memgate.internal("storage")
+        await nc.subscribe(subjects.embedded("p0"), cb=heard)
+        await nc.flush()
+        owner = await memgate.workspace()
+        agent = await memgate.agent("bus", await memgate.credential(owner))
+        await asyncio.gather(*(agent.remember("notes", f"note {i}: the printer on floor "
+                                              f"{i % 7} needs toner") for i in range(80)))
+        await eventually(lambda: _told_idle(told))
+        limit = memgate.settings.embedding_backlog
+        assert max(t.left for t in told) <= 2 * limit, [(t.seen, t.left) for t in told]
+        await agent.close()
+
+
+async def _told_idle(told: list[EmbedProgress]) -> bool:
+    return bool(told) and told[-1].left == 0 and told[-1].seen is not None and (
+        told[-1].seen >= 80)
 
 
 async def recalled_after_a_burst(memgate: Memgate) -> None:

@@ -38,7 +38,7 @@ from memgate.bus import parse, subjects
 from memgate.contracts.erasure import Drop, SubjectCount
 from memgate.contracts.events import memory_changes
 from memgate.contracts.internal import (
-    CatalogRequest, OwnedText, Owner, Ranking, RankRequest,
+    CatalogRequest, EmbedProgress, OwnedText, Owner, Ranking, RankRequest,
 )
 from memgate.embedding.batching import Batcher
 from memgate.embedding.lanes import Lanes
@@ -83,6 +83,9 @@ URGENT_MAX = 256
 # The background's vectors are written every this many, while the model goes on: written once
 # per batch of events, the model waited ~12% of a drain for the writes (py-spy, issue 45).
 WRITE_EVERY = 32
+# The storage actor hears how far behind this embedder is after each model call and at least
+# this often (`runtime.backpressure`: silent for 5 s, it is not waited on).
+TELL_EVERY_S = 1.0
 # Vectors per write of the vectors file (and per batch a cluster ships to the standbys: ~2 KiB
 # each as JSON, well below NATS's payload limit), and texts per step of an owner's backlog.
 VECTOR_CHUNK = 256
@@ -119,6 +122,11 @@ class EmbedderActor(ActorBase):
         # the newest version (its partition-wide seq) whose event was applied: a version at or
         # below it still without a vector gets it from no event (its file lost, or made again)
         self._evented = 0
+        # the newest version an event brought: told to its storage actor with how many of the
+        # versions of the events in hand are left to embed (`runtime.backpressure`)
+        self._seen: int | None = None
+        self._left = 0
+        self._telling: asyncio.Task[None] | None = None
         self._compactions = Compactions(self._store_thread, lambda: self.vectors,
                                         f"{self.name}.vectors")
         self._catalogs = Catalogs(lambda: Catalog(dim=self._embedder.dim))
@@ -136,12 +144,13 @@ class EmbedderActor(ActorBase):
         self._batcher = Batcher(self._embedder.embed, self._urgent_thread, self._batch)
         self._batcher.start()
         self._urgent = asyncio.create_task(self._urgent_lane(), name=f"{self.name}.urgent")
+        self._telling = asyncio.create_task(self._keep_telling(), name=f"{self.name}.progress")
         await self._events.start()
 
     async def stop(self) -> None:
         self._lanes.close()  # the events' handler may wait for the urgent lane to be quiet
         await self._events.stop()
-        await cancelled(self._urgent, *self._backlogs.values())
+        await cancelled(self._urgent, self._telling, *self._backlogs.values())
         await asyncio.gather(*self._writes)
         if EmbedderActor._batcher.opened(self):
             await self._batcher.stop()
@@ -184,13 +193,17 @@ class EmbedderActor(ActorBase):
             return catalog
 
     async def embed_background(self, wanted: dict[Owner, tuple[Catalog, list[str]]],
-                               at_hand: dict[Owner, dict[str, str]]) -> None:
+                               at_hand: dict[Owner, dict[str, str]], *,
+                               told: bool = False) -> None:
         """Embed these versions (texts `at_hand`, else fetched from storage) in the background:
         `BACKGROUND_BATCH` texts a model call, each once no waiting recall's version is left
         to embed (`Lanes.quiet`); the vectors go to the file `WRITE_EVERY` at a time while the
         model goes on (on the store's thread), each write one transaction: under load a batch
-        of events spans many owners, and a transaction per owner would cost more."""
+        of events spans many owners, and a transaction per owner would cost more. `told`: the
+        events' versions, whose progress the storage actor hears after each model call."""
         texts = await self._texts(wanted, at_hand)
+        if told:
+            await self._tell(len(texts))
         kept: list[_Kept] = []
         writes: list[asyncio.Task[None]] = []
         try:
@@ -204,6 +217,8 @@ class EmbedderActor(ActorBase):
                     kept += await self._embed(batch, self._model_thread, self._yielding)
                 finally:
                     self._lanes.done(list(claimed), urgent=False)
+                if told:
+                    await self._tell(max(len(texts) - at - BACKGROUND_BATCH, 0))
                 if len(kept) >= WRITE_EVERY:
                     writes.append(asyncio.create_task(self._write(kept)))
                     kept = []
@@ -309,13 +324,34 @@ class EmbedderActor(ActorBase):
         texts: dict[Owner, dict[str, str]] = {owner: {} for owner in stored}
         caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])
                                            for owner, seq in stored.items()))
-        await self.embed_background({owner: (catalog, missing) for owner, catalog
-                                     in zip(stored, caught_up, strict=True)
-                                     if (missing := catalog.unembedded())}, texts)
+        if stored:  # the catalogs caught up past the events, to the newest versions stored
+            self._seen = max(self._seen or 0, *stored.values(), *(c.seq for c in caught_up))
+        try:
+            await self.embed_background({owner: (catalog, missing) for owner, catalog
+                                         in zip(stored, caught_up, strict=True)
+                                         if (missing := catalog.unembedded())}, texts, told=True)
+        finally:
+            await self._tell(0)
         self._evented = max(self._evented, *stored.values(), 0)
         for owner, ids in deleted.items():
             await self._remove(owner, ids)
         await self._compactions.settled()  # acked (and so done) once the vectors left the file
+
+    async def _tell(self, left: int) -> None:
+        """Tell the storage actor how far behind this embedder is (at most once: a lost word
+        is replaced by the next, and a silent embedder holds no remember back)."""
+        self._left = left
+        try:
+            await self._bus.publish(subjects.embedded(self.partition), EmbedProgress(
+                seen=self._seen, left=left).model_dump(mode="json", by_alias=True))
+        except Exception as exc:  # the connection closing: nothing to hold back
+            log.debug("%s: progress not told (%s)", self.name, type(exc).__name__)
+
+    async def _keep_telling(self) -> None:
+        """Told every `TELL_EVERY_S` besides each model call: an embedder heard of is alive."""
+        while True:
+            await self._tell(self._left)
+            await asyncio.sleep(TELL_EVERY_S)
 
     async def _remove(self, owner: Owner, ids: list[str]) -> int:
         """Forget these versions, then delete their vectors (in that order: `_write` sends only

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from memgate.cluster import fence
-from memgate.runtime.actor import ActorBase, Endpoint, Opened, Serial
+from memgate.runtime.actor import ActorBase, Endpoint, Listener, Opened, Serial
 from memgate.observe import metrics, tracing
 from memgate.runtime.batching import GroupCommit
+from memgate.runtime.backpressure import EmbeddingGate
 from memgate.runtime.compaction import Compactions
 from memgate.actors.keys import dumps
 from memgate.bus import parse, subjects
@@ -47,7 +48,7 @@ from memgate.contracts.internal import (
     StoreImport, StoreRemember, StoreRememberAll, Texts,
     TextsRequest,
 )
-from memgate.contracts.internal import Reaped, StoreReap
+from memgate.contracts.internal import EmbedProgress, Reaped, StoreReap
 from memgate.storage import (
     Filters, LimitReachedError, Limits, MemoryStore, Remember, Row, Stored, decode_cursor,
     encode_cursor,
@@ -104,7 +105,10 @@ class StorageActor(ActorBase):
     store = Opened[MemoryStore]()
 
     def __init__(self, *, partition: str, path: Path, publisher: Publisher, bus: Consumers,
-                 limits: Limits | None = None, partitions: int = 1) -> None:
+                 limits: Limits | None = None, partitions: int = 1,
+                 embedding_backlog: int = 0) -> None:
+        """`embedding_backlog`: remembers wait while the partition's embedder has that many
+        versions left to embed (`runtime.backpressure`; 0: never)."""
         self.partition = partition
         self._partitions = partitions
         self._cascade = bus.consumer(subjects.registry_event(">"), f"storage-{partition}-cascade",
@@ -115,6 +119,7 @@ class StorageActor(ActorBase):
         self._serial = Serial(self.name)
         self._remembers = GroupCommit[Remember, Stored](self._serial, self._remember_group,
                                                         cap=GROUP_CAP, name=self.name)
+        self._gate = EmbeddingGate(embedding_backlog)
         self._events_subject = subjects.memory_events(partition)
         self._dumps = dumps(self, self._serial)  # backups
         self._compactions = Compactions(self._serial, lambda: self.store, self.name)
@@ -170,6 +175,12 @@ class StorageActor(ActorBase):
                          self._wrapped(operation, handler), max_workers=at_once.get(operation, 1))
                 for operation, handler in answers.items()] + self._dumps
 
+    def listeners(self) -> dict[str, Listener]:
+        return {subjects.embedded(self.partition): self.embedder_progress}
+
+    async def embedder_progress(self, payload: bytes) -> None:
+        self._gate.heard(parse(EmbedProgress, payload))
+
     def _wrapped(self, operation: str, handler: Handler) -> Handler:
         """A write wakes the relay once it returns (its events are committed with it, SPEC
         §3.5), failed or not; a deletion then answers once its file is rewritten."""
@@ -224,11 +235,15 @@ class StorageActor(ActorBase):
         """Committed with whatever other remembers arrive meanwhile (group commit), answered
         after that commit."""
         command = parse(StoreRemember, payload)
+        await self._gate.admit()  # the embedder's backlog bounded: a burst waits here
+        stored: Stored | None = None
         try:
             with tracing.span("storage commit"):
                 stored = await self._remembers(self._remember(command))
         except LimitReachedError as reached:
             raise self._refusal(reached) from None
+        finally:
+            self._gate.written(0 if stored is None else stored.seq)
         return _answer(stored, command)
 
     async def import_memories(self, payload: bytes) -> ImportResult:
@@ -256,8 +271,14 @@ class StorageActor(ActorBase):
         """Versions committed together, or none of them if a limit refuses one."""
         command = parse(StoreRememberAll, payload)
         items = [self._remember(item) for item in command.items]
-        outcomes = await self._serial(lambda: self.store.remember_group(
-            items, self._limits, together=True))
+        await self._gate.admit(len(items))
+        outcomes: list[Stored | Exception] = []
+        try:
+            outcomes = await self._serial(lambda: self.store.remember_group(
+                items, self._limits, together=True))
+        finally:
+            self._gate.written(max((o.seq for o in outcomes if isinstance(o, Stored)),
+                                   default=0), len(items))
         for outcome in outcomes:
             if isinstance(outcome, LimitReachedError):
                 raise self._refusal(outcome) from None

@@ -13,19 +13,19 @@ if TYPE_CHECKING:
     from memgate.bus import subjects
     from memgate.bus.client import BusClient, MemgateClient
     from memgate.bus.replies import (
-        NatsRouter, decode_reply, ok_bytes, parse, replying, validation_failure,
+        NatsRouter, decode_reply, hearing, ok_bytes, parse, replying, validation_failure,
     )
     from memgate.bus.server import EmbeddedNats, nats_server_binary
     from memgate.bus.serving import RoutesBroker
 
 __all__ = [
-    "BusClient", "EmbeddedNats", "NatsRouter", "MemgateClient", "decode_reply",
+    "BusClient", "EmbeddedNats", "NatsRouter", "MemgateClient", "decode_reply", "hearing",
     "RoutesBroker", "nats_server_binary", "ok_bytes", "parse", "replying", "subjects",
     "validation_failure",
 ]
 __getattr__ = exports(__name__, {
     **dict.fromkeys(["BusClient", "MemgateClient"], "memgate.bus.client"),
-    **dict.fromkeys(["NatsRouter", "decode_reply", "ok_bytes", "parse", "replying",
+    **dict.fromkeys(["NatsRouter", "decode_reply", "hearing", "ok_bytes", "parse", "replying",
                      "validation_failure"], "memgate.bus.replies"),
     **dict.fromkeys(["EmbeddedNats", "nats_server_binary"], "memgate.bus.server"),
     "RoutesBroker": "memgate.bus.serving"})

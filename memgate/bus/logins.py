@@ -120,6 +120,7 @@ ROLES: Final[dict[str, Role]] = {
     "storage": Role(
         publish=(subjects.memory_events(ANY), DEAD_LETTERS),
         subscribe=(subjects.store(ANY, ANY), _ready("storage", partitioned=True),
+                   subjects.embedded(ANY),
                    subjects.dump(f"storage.{ANY}", ">")),
         callers=("governance", "recall", "directory", "indexer", "embedder", "spaces",
                  "erasure", "reaper", "keys", "space-memories"),
@@ -129,7 +130,8 @@ ROLES: Final[dict[str, Role]] = {
         subscribe=(subjects.index(ANY, ANY), _ready("indexer", partitioned=True)),
         callers=("recall", "erasure"), jetstream=True, owns=True),
     "embedder": Role(
-        publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS),
+        publish=(subjects.store(ANY, "texts"), subjects.store(ANY, "catalog"), DEAD_LETTERS,
+                 subjects.embedded(ANY)),
         subscribe=(subjects.embed(ANY, ANY), _ready("embedder", partitioned=True)),
         callers=("recall", "erasure"), jetstream=True, owns=True),
     "spaces": Role(

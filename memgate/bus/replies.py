@@ -187,6 +187,17 @@ def replying(handler: Handler) -> NatsHandler:
     return handle
 
 
+def hearing(listener: Callable[[bytes], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """Adapt `bytes -> None` into a faststream subscriber of published facts (no reply): the
+    message's body handed over, as `replying` hands a request's."""
+
+    async def hear(msg: Any) -> None:
+        await listener(msg.body)
+
+    hear.__name__ = getattr(listener, "__name__", "hear")
+    return hear
+
+
 def decode_reply(data: bytes, result_type: type[T]) -> T:
     """The result of a reply, or the typed `MemgateError` its `Failure` carries."""
     if data.startswith(OK_PREFIX) and data.endswith(b"}"):  # as `ok_bytes` frames it:

@@ -148,6 +148,11 @@ def embed(partition: str, operation: str) -> str:
     return f"mem.int.embed.{partition}.{operation}"
 
 
+def embedded(partition: str) -> str:
+    """Where a partition's embedder tells its backlog (`EmbedProgress`) to its storage actor."""
+    return f"mem.int.embedded.{partition}"
+
+
 def registry(operation: str) -> str:
     return f"mem.int.registry.{operation}"
 

@@ -213,6 +213,17 @@ class Ranking(Contract):
     unembedded: int = 0
 
 
+class EmbedProgress(Contract):
+    """An embedder's backlog, told to its partition's storage actor (`mem.int.embedded.<p>`,
+    at most once): the newest version it has seen (None: none since it started) and how many
+    of those it has not embedded yet (`runtime.backpressure`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seen: int | None = None
+    left: int = Field(default=0, ge=0)
+
+
 class PrincipalRequest(Contract):
     token_hash: str
 

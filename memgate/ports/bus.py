@@ -7,7 +7,7 @@ the fast tests implement them in memory (`tests/fakes.py`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from memgate.bus.streams import Publisher  # defined beside the relay that takes it
 from memgate.contracts import Contract
@@ -32,6 +32,12 @@ class Announcer(Protocol):
     async def announce(self, subject: str) -> None: ...
 
 
+class Teller(Protocol):
+    """Tell whoever listens a fact (core NATS: no reply, no wait, at most once)."""
+
+    async def publish(self, subject: str, fact: dict[str, Any]) -> None: ...
+
+
 class Consumer(Protocol):
     """A running durable consumer: feeds its handler batches between `start` and `stop`."""
 
@@ -46,8 +52,9 @@ class Consumers(Protocol):
                  *, batch_size: int = ...) -> Consumer: ...
 
 
-class Bus(Requester, Consumers, Protocol):
-    """Both: what an actor that asks and consumes events needs (indexer, embedder, storage)."""
+class Bus(Requester, Consumers, Teller, Protocol):
+    """All three: what an actor that asks, consumes events and tells needs (indexer, embedder,
+    storage)."""
 
 
-__all__ = ["BatchHandler", "Bus", "Consumer", "Consumers", "Publisher", "Requester"]
+__all__ = ["BatchHandler", "Bus", "Consumer", "Consumers", "Publisher", "Requester", "Teller"]

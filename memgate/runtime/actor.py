@@ -15,7 +15,7 @@ from functools import partial
 from typing import Generic, Protocol, TypeVar, overload
 
 from memgate.cluster import fence, replication
-from memgate.bus import NatsRouter, ok_bytes, parse, replying, subjects
+from memgate.bus import NatsRouter, hearing, ok_bytes, parse, replying, subjects
 from memgate.bus.replies import Endpoint, Handler
 from memgate.contracts import Contract, Envelope
 from memgate.contracts.errors import UnauthenticatedError
@@ -66,7 +66,7 @@ def routed(endpoints: Collection[Endpoint],
         router.subscriber(endpoint.subject, endpoint.queue,
                           max_workers=endpoint.max_workers)(replying(endpoint.handler))
     for subject, listener in (listeners or {}).items():
-        router.subscriber(subject)(listener)
+        router.subscriber(subject)(hearing(listener))
     return router
 
 

@@ -1,0 +1,93 @@
+"""Remembers held back while a partition's embedder is behind (issue 44): a bounded backlog.
+
+A memory is recallable by meaning once its vector exists, and a recall waits, up to its cosine
+deadline, for the versions of its scope that have none yet (read-your-writes, `actors.embedder`).
+Unbounded, a burst of remembers left every recall after it waiting for the burst's backlog to be
+embedded: recall p50 1,026 ms after a 20 s saturation burst (docs/DECISIONS.md). So the storage
+actor takes a remember in only while its partition's embedder has fewer than `limit` versions
+left to embed, as a Kafka producer waits on a full buffer and as mem0 embeds before `add`
+returns: a burst's remembers wait for the model instead of its recalls.
+
+The embedder tells its progress (`EmbedProgress`, core NATS, at most once): the newest version it
+has seen and how many of those it has not embedded yet. The gate adds the versions written since
+(`written`) and those let in and not written yet. A silent embedder (stopped, or not started)
+holds nothing back: the gate waits only on a backlog it hears about. A remember held past
+`max_wait_s` is refused, not written (503: retry later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from memgate.contracts.errors import UnavailableError
+from memgate.contracts.internal import EmbedProgress
+
+# Without a word from the embedder for this long, its last backlog is not waited on: it may have
+# stopped (its events wait in the stream, nothing is lost), and writes go on.
+SILENT_S = 5.0
+
+
+class EmbeddingGate:
+    """One partition's remembers, held while its embedder is `limit` versions behind."""
+
+    def __init__(self, limit: int, *, max_wait_s: float = 5.0) -> None:
+        self.limit = limit  # 0: off
+        self._max_wait_s = max_wait_s
+        self._seen = 0  # the newest version the embedder has seen
+        self._left = 0  # of those, not embedded yet
+        self._heard = float("-inf")  # when it last said so (monotonic)
+        self._written = 0  # the newest version written here
+        self._admitted = 0  # let in, not written yet
+        self._changed = asyncio.Event()
+        self._turns = asyncio.Lock()  # the remembers waiting, in the order they came
+
+    def behind(self) -> int:
+        """Versions written or let in that the embedder has not embedded (as last heard)."""
+        return self._left + max(self._written - self._seen, 0) + self._admitted
+
+    def heard(self, progress: EmbedProgress) -> None:
+        if progress.seen is not None:
+            self._seen = max(self._seen, progress.seen)
+        self._left = progress.left
+        self._heard = time.monotonic()
+        self._wake()
+
+    def written(self, seq: int, count: int = 1) -> None:
+        """`count` versions let in are written (or failed), the newest at `seq` (0: none)."""
+        self._written = max(self._written, seq)
+        self._admitted = max(self._admitted - count, 0)
+        self._wake()
+
+    async def admit(self, count: int = 1) -> None:
+        """Wait, in turn (first come, first in), until `count` more versions keep the backlog
+        within the limit (one remember goes in at least, whatever the limit), then count them
+        in; refused, not written, when that takes `max_wait_s`."""
+        if not self._turns.locked() and not self._holding(count):
+            self._admitted += count
+            return
+        try:
+            async with asyncio.timeout(self._max_wait_s), self._turns:
+                while self._holding(count):
+                    self._changed.clear()
+                    # woken by progress or a write; looked at again at least every 0.1 s
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), 0.1)
+                self._admitted += count
+        except TimeoutError:
+            raise UnavailableError(
+                "the embedder is behind: the remember was not written; retry later",
+                {"retryAfterSeconds": 1}) from None
+
+    def _holding(self, count: int) -> bool:
+        if not self.limit or time.monotonic() - self._heard > SILENT_S:
+            return False
+        backlog = self.behind()
+        return backlog > 0 and backlog + count > self.limit
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+
+__all__ = ["EmbeddingGate", "SILENT_S"]
