@@ -2,11 +2,11 @@
 
 A memory is recallable by meaning once its vector exists, and a recall waits, up to its cosine
 deadline, for the versions of its scope that have none yet (read-your-writes, `actors.embedder`).
-Unbounded, a burst of remembers left every recall after it waiting for the burst's backlog to be
-embedded: recall p50 1,026 ms after a 20 s saturation burst (docs/DECISIONS.md). So the storage
-actor takes a remember in only while its partition's embedder has fewer than `limit` versions
-left to embed, as a Kafka producer waits on a full buffer and as mem0 embeds before `add`
-returns: a burst's remembers wait for the model instead of its recalls.
+Unbounded, a burst of remembers left the recalls after it waiting for the burst's backlog, and
+degraded past what the deadline embeds (docs/DECISIONS.md). So the storage actor takes a
+remember in only while its partition's embedder has fewer than `limit` versions left to embed,
+as a Kafka producer waits on a full buffer and as mem0 embeds before `add` returns: a burst's
+remembers wait for the model instead of its recalls.
 
 The embedder tells its progress (`EmbedProgress`, core NATS, at most once): the newest version it
 has seen and how many of those it has not embedded yet. The gate adds the versions written since
