@@ -324,12 +324,16 @@ class EmbedderActor(ActorBase):
         texts: dict[Owner, dict[str, str]] = {owner: {} for owner in stored}
         caught_up = await asyncio.gather(*(self.catch_up(owner, seq, texts[owner])
                                            for owner, seq in stored.items()))
-        if stored:  # the catalogs caught up past the events, to the newest versions stored
+        wanted = {owner: (catalog, missing) for owner, catalog in zip(stored, caught_up,
+                                                                      strict=True)
+                  if (missing := catalog.unembedded())}
+        if stored:  # the catalogs caught up past the events, to the newest versions stored;
+            # what is seen and what is left change together (no await between), or a word told
+            # meanwhile (`_keep_telling`) would count the new versions as embedded
             self._seen = max(self._seen or 0, *stored.values(), *(c.seq for c in caught_up))
+            self._left = sum(len(missing) for _, missing in wanted.values())
         try:
-            await self.embed_background({owner: (catalog, missing) for owner, catalog
-                                         in zip(stored, caught_up, strict=True)
-                                         if (missing := catalog.unembedded())}, texts, told=True)
+            await self.embed_background(wanted, texts, told=True)
         finally:
             await self._tell(0)
         self._evented = max(self._evented, *stored.values(), 0)

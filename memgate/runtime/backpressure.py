@@ -10,8 +10,9 @@ remembers wait for the model instead of its recalls.
 
 The embedder tells its progress (`EmbedProgress`, core NATS, at most once): the newest version it
 has seen and how many of those it has not embedded yet. The gate adds the versions written since
-(`written`) and those let in and not written yet. A silent embedder (stopped, or not started)
-holds nothing back: the gate waits only on a backlog it hears about. A remember held past
+(`written`) and those let in and not written yet; until it has seen one, every version written
+since this gate started counts. An embedder silent for `SILENT_S` (stopped, or never started)
+holds nothing back. A remember held past
 `max_wait_s` is refused, not written (503: retry later).
 """
 
@@ -24,9 +25,10 @@ import time
 from memgate.contracts.errors import UnavailableError
 from memgate.contracts.internal import EmbedProgress
 
-# Without a word from the embedder for this long, its last backlog is not waited on: it may have
-# stopped (its events wait in the stream, nothing is lost), and writes go on.
-SILENT_S = 5.0
+# Without a word from the embedder for this long (since its last, or since the gate started), its
+# backlog is not waited on: it may have stopped (its events wait in the stream, nothing is lost),
+# and writes go on. Below the longest wait, so a node without an embedder refuses nothing.
+SILENT_S = 3.0
 
 
 class EmbeddingGate:
@@ -35,9 +37,10 @@ class EmbeddingGate:
     def __init__(self, limit: int, *, max_wait_s: float = 5.0) -> None:
         self.limit = limit  # 0: off
         self._max_wait_s = max_wait_s
-        self._seen = 0  # the newest version the embedder has seen
+        self._seen: int | None = None  # the newest version the embedder has seen
         self._left = 0  # of those, not embedded yet
-        self._heard = float("-inf")  # when it last said so (monotonic)
+        # when it last said so (monotonic): a burst right after the start is held too
+        self._heard = time.monotonic()
         self._written = 0  # the newest version written here
         self._admitted = 0  # let in, not written yet
         self._changed = asyncio.Event()
@@ -45,17 +48,20 @@ class EmbeddingGate:
 
     def behind(self) -> int:
         """Versions written or let in that the embedder has not embedded (as last heard)."""
-        return self._left + max(self._written - self._seen, 0) + self._admitted
+        seen = self._written if self._seen is None else self._seen
+        return self._left + max(self._written - seen, 0) + self._admitted
 
     def heard(self, progress: EmbedProgress) -> None:
         if progress.seen is not None:
-            self._seen = max(self._seen, progress.seen)
+            self._seen = max(self._seen or 0, progress.seen)
         self._left = progress.left
         self._heard = time.monotonic()
         self._wake()
 
     def written(self, seq: int, count: int = 1) -> None:
         """`count` versions let in are written (or failed), the newest at `seq` (0: none)."""
+        if self._seen is None and seq:  # the first written here: those before, the embedder's
+            self._seen = seq - count
         self._written = max(self._written, seq)
         self._admitted = max(self._admitted - count, 0)
         self._wake()

@@ -24,8 +24,22 @@ async def admitted_now(gate: EmbeddingGate, count: int = 1) -> bool:
     return True
 
 
-async def test_a_silent_embedder_holds_nothing_back() -> None:
+async def test_a_burst_right_after_the_start_is_held_until_the_embedder_speaks() -> None:
     gate = EmbeddingGate(4)
+    for seq in range(101, 105):  # the store held 100 versions before this start
+        assert await admitted_now(gate)
+        gate.written(seq)
+    assert gate.behind() == 4
+    assert not await admitted_now(gate)
+    gate.heard(EmbedProgress(seen=104, left=1))
+    assert await admitted_now(gate)
+
+
+async def test_an_embedder_never_heard_of_holds_nothing_back_after_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backpressure, "SILENT_S", 0.1)
+    gate = EmbeddingGate(4)
+    await asyncio.sleep(0.15)
     for seq in range(1, 21):
         assert await admitted_now(gate)
         gate.written(seq)
