@@ -333,6 +333,9 @@ async def test_recalls_right_after_a_burst_find_their_facts_by_meaning(tmp_path:
             tmp_path, stack, recall_cosine_deadline_ms=BURST_DEADLINE_MS))
 
 
+BACKLOG = 16  # MEMGATE_EMBEDDING_BACKLOG, off by default
+
+
 async def test_a_burst_of_remembers_waits_for_the_embedder_not_the_recalls_after_it(
         tmp_path: Path) -> None:
     """Issue 44: remembers wait while their partition's embedder has `embedding_backlog`
@@ -341,7 +344,7 @@ async def test_a_burst_of_remembers_waits_for_the_embedder_not_the_recalls_after
     than twice the limit (16) in hand. Without the gate it had 41 at once (and more the slower
     it is beside the writes)."""
     async with AsyncExitStack() as stack:
-        memgate = await run_memgate(tmp_path, stack)
+        memgate = await run_memgate(tmp_path, stack, embedding_backlog=BACKLOG)
         told: list[EmbedProgress] = []
 
         async def heard(msg: Msg) -> None:
@@ -355,8 +358,7 @@ async def test_a_burst_of_remembers_waits_for_the_embedder_not_the_recalls_after
         await asyncio.gather(*(agent.remember("notes", f"note {i}: the printer on floor "
                                               f"{i % 7} needs toner") for i in range(80)))
         await eventually(lambda: _told_idle(told))
-        limit = memgate.settings.embedding_backlog
-        assert max(t.left for t in told) <= 2 * limit, [(t.seen, t.left) for t in told]
+        assert max(t.left for t in told) <= 2 * BACKLOG, [(t.seen, t.left) for t in told]
         await agent.close()
 
 

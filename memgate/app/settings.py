@@ -117,8 +117,9 @@ class Settings(BaseSettings):
     recall_sequence_head: int = Field(default=5, ge=1, le=100)
     recall_cosine_deadline_ms: int = Field(default=800, ge=1)
     # Remembers wait while their partition's embedder has this many versions left to embed, so a
-    # recall right after a burst does not wait for the burst (runtime/backpressure.py; 0: never).
-    embedding_backlog: int = Field(default=16, ge=0)
+    # recall right after a burst does not wait for the burst (runtime/backpressure.py; 0: never,
+    # the default until the gate has run under the cluster's fault schedule: docs/DECISIONS.md).
+    embedding_backlog: int = Field(default=0, ge=0)
     # BM25 is the read-your-writes channel: wait for it almost as long as the caller waits.
     recall_bm25_deadline_ms: int = Field(default=10_000, ge=1)
 

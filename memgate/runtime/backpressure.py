@@ -11,9 +11,10 @@ remembers wait for the model instead of its recalls.
 The embedder tells its progress (`EmbedProgress`, core NATS, at most once): the newest version it
 has seen and how many of those it has not embedded yet. The gate adds the versions written since
 (`written`) and those let in and not written yet; until it has seen one, every version written
-since this gate started counts. An embedder silent for `SILENT_S` (stopped, or never started)
-holds nothing back. A remember held past
-`max_wait_s` is refused, not written (503: retry later).
+since this gate started counts. An embedder with no progress for `SILENT_S` (stopped, stuck, or
+never started) holds nothing back: the source of truth does not wait on a derived store's failure
+(a cluster's embedder whose standby was killed retried its batch for longer than a remember
+waits). A remember held past `max_wait_s` is refused, not written (503: retry later).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import time
 from memgate.contracts.errors import UnavailableError
 from memgate.contracts.internal import EmbedProgress
 
-# Without a word from the embedder for this long (since its last, or since the gate started), its
-# backlog is not waited on: it may have stopped (its events wait in the stream, nothing is lost),
-# and writes go on. Below the longest wait, so a node without an embedder refuses nothing.
+# Without progress from the embedder for this long (since it last embedded, saw a new version or
+# had nothing left, or since the gate started), its backlog is not waited on: it may have stopped
+# or be stuck (its events wait in the stream, nothing is lost), and writes go on. Below the
+# longest wait, so a node without an embedder refuses nothing.
 SILENT_S = 3.0
 
 
@@ -52,10 +54,13 @@ class EmbeddingGate:
         return self._left + max(self._written - seen, 0) + self._admitted
 
     def heard(self, progress: EmbedProgress) -> None:
+        moved = (progress.left < self._left or progress.left == 0
+                 or (progress.seen or 0) > (self._seen or 0))
         if progress.seen is not None:
             self._seen = max(self._seen or 0, progress.seen)
         self._left = progress.left
-        self._heard = time.monotonic()
+        if moved:  # a word that says nothing moved (an embedder stuck) does not keep it held
+            self._heard = time.monotonic()
         self._wake()
 
     def written(self, seq: int, count: int = 1) -> None:

@@ -113,3 +113,16 @@ async def test_the_limit_zero_is_off() -> None:
     gate = EmbeddingGate(0)
     gate.heard(EmbedProgress(seen=1, left=1000))
     assert await admitted_now(gate, 10)
+
+
+async def test_an_embedder_that_says_it_is_stuck_holds_nothing_back_after_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Words that say nothing moved (a cluster's embedder retrying a batch its killed standby
+    never applies) do not keep the source of truth waiting on a derived store."""
+    monkeypatch.setattr(backpressure, "SILENT_S", 0.2)
+    gate = EmbeddingGate(2)
+    gate.heard(EmbedProgress(seen=5, left=5))
+    for _ in range(3):
+        await asyncio.sleep(0.1)
+        gate.heard(EmbedProgress(seen=5, left=5))
+    assert await admitted_now(gate)
