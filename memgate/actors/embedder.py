@@ -97,9 +97,12 @@ class EmbedderActor(ActorBase):
     _batcher = Opened[Batcher]()
 
     def __init__(self, *, partition: str, path: Path, model: Path, tokenizer: Path,
-                 bus: Bus, batch: int = 32) -> None:
+                 bus: Bus, batch: int = 32, tells: bool = False) -> None:
+        """`tells`: its backlog to the storage actor, whose remembers wait on it
+        (`runtime.backpressure`, on when `MEMGATE_EMBEDDING_BACKLOG` is)."""
         self.partition = partition
         self.name = f"embedder.{partition}"
+        self._tells = tells
         self._path = path
         self._model = model
         self._tokenizer = tokenizer
@@ -144,7 +147,9 @@ class EmbedderActor(ActorBase):
         self._batcher = Batcher(self._embedder.embed, self._urgent_thread, self._batch)
         self._batcher.start()
         self._urgent = asyncio.create_task(self._urgent_lane(), name=f"{self.name}.urgent")
-        self._telling = asyncio.create_task(self._keep_telling(), name=f"{self.name}.progress")
+        if self._tells:
+            self._telling = asyncio.create_task(self._keep_telling(),
+                                                name=f"{self.name}.progress")
         await self._events.start()
 
     async def stop(self) -> None:
@@ -345,6 +350,8 @@ class EmbedderActor(ActorBase):
         """Tell the storage actor how far behind this embedder is (at most once: a lost word
         is replaced by the next, and a silent embedder holds no remember back)."""
         self._left = left
+        if not self._tells:
+            return
         try:
             await self._bus.publish(subjects.embedded(self.partition), EmbedProgress(
                 seen=self._seen, left=left).model_dump(mode="json", by_alias=True))

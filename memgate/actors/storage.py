@@ -176,6 +176,8 @@ class StorageActor(ActorBase):
                 for operation, handler in answers.items()] + self._dumps
 
     def listeners(self) -> dict[str, Listener]:
+        if not self._gate.limit:  # nothing waits on the embedder
+            return {}
         return {subjects.embedded(self.partition): self.embedder_progress}
 
     async def embedder_progress(self, payload: bytes) -> None:

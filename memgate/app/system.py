@@ -134,7 +134,8 @@ def build_actors(settings: Settings, kinds: KindConnections, *, nats_authority: 
         return EmbedderActor(partition=partition,
                              path=data / "partitions" / partition / "vectors.duckdb",
                              model=model(), tokenizer=settings.embedding_tokenizer,
-                             bus=bus("embedder"), batch=settings.embedding_batch)
+                             bus=bus("embedder"), batch=settings.embedding_batch,
+                             tells=settings.embedding_backlog > 0)
 
     makers: dict[str, Callable[[], Actor]] = {
         "governance": governance,
